@@ -1,0 +1,135 @@
+"""Engine throughput: items/s through no-op and sleeping stages, against torch's DataLoader.
+
+Run: ``python benchmarks/engine.py [--repeats 3] [--quick]``. Each figure is the median of
+``--repeats`` runs; the spread (min-max) is printed beside it. This is a benchmark, not a
+test: it prints figures and asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+from torch_spdl.pipeline import PipelineBuilder
+
+
+def _noop(x: int) -> int:
+    return x
+
+
+async def _anoop(x: int) -> int:
+    return x
+
+
+def _sleep(x: int) -> int:
+    time.sleep(0.01)
+    return x
+
+
+async def _asleep(x: int) -> int:
+    await asyncio.sleep(0.01)
+    return x
+
+
+def _run(builder: PipelineBuilder, n: int) -> float:
+    pipeline = builder.build()
+    t0 = time.perf_counter()
+    count = 0
+    with pipeline.auto_stop():
+        for _ in pipeline:
+            count += 1
+    elapsed = time.perf_counter() - t0
+    assert count == n, (count, n)
+    return n / elapsed
+
+
+def sync_stages(n: int) -> float:
+    b = PipelineBuilder().add_source(range(n))
+    for _ in range(3):
+        b.pipe(_noop, concurrency=4)
+    return _run(b.add_sink(), n)
+
+
+def async_stages(n: int) -> float:
+    b = PipelineBuilder().add_source(range(n))
+    for _ in range(3):
+        b.pipe(_anoop)
+    return _run(b.add_sink(), n)
+
+
+def source_to_sink(n: int) -> float:
+    return _run(PipelineBuilder().add_source(range(n)).add_sink(), n)
+
+
+def sync_sleep(n: int) -> float:
+    return _run(PipelineBuilder().add_source(range(n)).pipe(_sleep, concurrency=64).add_sink(), n)
+
+
+def async_sleep(n: int) -> float:
+    b = PipelineBuilder().add_source(range(n)).pipe(_asleep, concurrency=512).add_sink()
+    return _run(b, n)
+
+
+class _Trivial:
+    """A map-style dataset of ints, the cheapest possible sample."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def _torch(n: int, workers: int) -> float:
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(_Trivial(n), batch_size=32, num_workers=workers)
+    t0 = time.perf_counter()
+    count = sum(len(b) for b in loader)
+    elapsed = time.perf_counter() - t0
+    assert count == n
+    return n / elapsed
+
+
+CASES: list[tuple[str, Callable[[int], float], int, str]] = [
+    ("3 no-op sync stages, concurrency 4", sync_stages, 200_000, ">= 50k"),
+    ("3 no-op async stages", async_stages, 300_000, ">= 100k"),
+    ("source to sink only", source_to_sink, 500_000, ">= 200k"),
+    ("1 sync stage, sleep 10 ms, conc. 64", sync_sleep, 20_000, ">= 5.5k (limit 6.4k)"),
+    ("1 async stage, sleep 10 ms, conc. 512", async_sleep, 100_000, ">= 30k (limit 51.2k)"),
+    ("torch DataLoader, 0 workers, batch 32", lambda n: _torch(n, 0), 1_000_000, "reference"),
+    ("torch DataLoader, 2 workers, batch 32", lambda n: _torch(n, 2), 300_000, "reference"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a tenth of the items per run")
+    parser.add_argument("--only", default="", help="run only cases whose name contains this")
+    args = parser.parse_args()
+    print(
+        f"machine: {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"{platform.machine()}; median of {args.repeats} runs"
+    )
+    print(f"{'case':<40}{'items/s':>12}{'spread':>22}   target")
+    for name, fn, n, target in CASES:
+        if args.only and args.only not in name:
+            continue
+        if args.quick:
+            n //= 10
+        rates = [fn(n) for _ in range(args.repeats)]
+        spread = f"{min(rates):,.0f}-{max(rates):,.0f}"
+        print(f"{name:<40}{statistics.median(rates):>12,.0f}{spread:>22}   {target}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Declaring a pipeline: ``PipelineBuilder`` records stage specs; ``build`` instantiates them.
+
+A builder holds no threads and no state of a run, so one builder can be built any number of
+times (each build is a fresh pipeline), pickled to a subprocess, or profiled stage by stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Callable, Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from ._aggregate import AggregateStage, DisaggregateStage
+from ._async_stage import AsyncStage
+from ._channel import Channel
+from ._node import Node
+from ._ops import OpKind, classify_op, op_name
+from ._pipeline import Pipeline
+from ._runtime import Runtime
+from ._source import SourceNode
+from ._thread_stage import ThreadStage
+
+__all__ = [
+    "PipelineBuilder",
+    "PipelineConfig",
+    "PipeConfig",
+    "AggregateConfig",
+    "DisaggregateConfig",
+    "build_pipeline",
+]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+OutputOrder = Literal["completion", "input"]
+
+
+@dataclass(frozen=True)
+class PipeConfig:
+    """One ``pipe`` stage as declared."""
+
+    op: Any
+    concurrency: int = 1
+    executor: Executor | None = None
+    output_order: OutputOrder = "completion"
+    name: str | None = None
+    max_failures: int | None = None
+
+    @property
+    def kind(self) -> OpKind:
+        return classify_op(self.op)[1]
+
+    def label(self) -> str:
+        return self.name or op_name(self.op)
+
+
+@dataclass(frozen=True)
+class AggregateConfig:
+    """``aggregate(size, drop_last=...)`` as declared."""
+
+    size: int
+    drop_last: bool = False
+
+    def label(self) -> str:
+        return f"aggregate({self.size})"
+
+
+@dataclass(frozen=True)
+class DisaggregateConfig:
+    """``disaggregate()`` as declared."""
+
+    def label(self) -> str:
+        return "disaggregate"
+
+
+StageConfig = PipeConfig | AggregateConfig | DisaggregateConfig
+
+
+@dataclass
+class PipelineConfig:
+    """Everything ``build`` needs: the source, the stages in order, the sink size."""
+
+    source: Any
+    stages: list[StageConfig] = field(default_factory=list)
+    buffer_size: int = 3
+
+
+class PipelineBuilder(Generic[T, U]):
+    """Declare a pipeline stage by stage, then :meth:`build` it.
+
+    Every method returns the builder, so calls chain::
+
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(100))
+            .pipe(load, concurrency=16)
+            .pipe(decode, concurrency=4, output_order="input")
+            .aggregate(32)
+            .pipe(collate)
+            .add_sink(4)
+            .build()
+        )
+    """
+
+    def __init__(self) -> None:
+        self._source: Any = None
+        self._has_source = False
+        self._stages: list[StageConfig] = []
+        self._buffer_size: int | None = None
+
+    def add_source(self, source: Iterable[T] | AsyncIterable[T]) -> PipelineBuilder[T, U]:
+        """Set the iterable (or async iterable) that feeds the pipeline.
+
+        A sync iterable runs on its own thread, so it may block (a ``Pipeline`` can be the
+        source of another); an async iterable runs on the pipeline's event loop. To build
+        more than once, pass a re-iterable (list, range, sampler), not a one-shot generator.
+        """
+        if self._has_source:
+            raise ValueError("the source is already set")
+        if not isinstance(source, (Iterable, AsyncIterable)):
+            raise TypeError(f"the source must be iterable or async iterable, got {source!r}")
+        self._source = source
+        self._has_source = True
+        return self
+
+    def pipe(
+        self,
+        op: Callable[[Any], Any] | Any,
+        /,
+        *,
+        concurrency: int = 1,
+        executor: Executor | None = None,
+        name: str | None = None,
+        output_order: OutputOrder = "completion",
+        max_failures: int | None = None,
+    ) -> PipelineBuilder[T, U]:
+        """Apply ``op`` to every item.
+
+        ``op`` takes one argument and may be a function, an async function, a generator or
+        an async generator (each yielded value becomes an item), a callable object, or a
+        container with ``__getitem__``. A ``None`` result is dropped (as in SPDL).
+        Sync ops run on ``concurrency`` worker threads of their own, or are handed to
+        ``executor`` (a ``ThreadPoolExecutor`` for a dedicated thread, a
+        ``ProcessPoolExecutor`` for processes) with at most ``concurrency`` items in flight.
+        Async ops run on the pipeline's event loop as ``concurrency`` coroutines.
+        ``output_order="input"`` keeps the input order; ``"completion"`` emits as finished.
+        ``max_failures`` overrides the value given to :meth:`build` for this stage.
+        """
+        _, kind = classify_op(op)
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")
+        if output_order not in ("completion", "input"):
+            raise ValueError(f"output_order must be 'completion' or 'input', got {output_order!r}")
+        if executor is not None and kind.is_async:
+            raise ValueError(
+                f"op {op_name(op)!r} is async: it runs on the pipeline's event loop, "
+                "so it takes no executor"
+            )
+        self._stages.append(PipeConfig(op, concurrency, executor, output_order, name, max_failures))
+        return self
+
+    def aggregate(self, num_items: int, /, *, drop_last: bool = False) -> PipelineBuilder[T, U]:
+        """Group every ``num_items`` items into a list (the last one may be shorter)."""
+        if not isinstance(num_items, int) or num_items < 1:
+            raise ValueError(f"aggregate needs a positive int, got {num_items!r}")
+        self._stages.append(AggregateConfig(num_items, drop_last))
+        return self
+
+    def disaggregate(self) -> PipelineBuilder[T, U]:
+        """Split each incoming list (any iterable) into separate items."""
+        self._stages.append(DisaggregateConfig())
+        return self
+
+    def add_sink(self, buffer_size: int = 3) -> PipelineBuilder[T, U]:
+        """Set the size of the output buffer the consumer reads from (0: unbounded)."""
+        if self._buffer_size is not None:
+            raise ValueError("the sink is already set")
+        if not isinstance(buffer_size, int) or buffer_size < 0:
+            raise ValueError(f"buffer_size must be a non-negative int, got {buffer_size!r}")
+        self._buffer_size = buffer_size
+        return self
+
+    def get_config(self) -> PipelineConfig:
+        """The declaration so far, as data (what ``profile_pipeline`` takes)."""
+        if not self._has_source:
+            raise RuntimeError("the source is not set: call add_source() first")
+        buffer_size = 3 if self._buffer_size is None else self._buffer_size
+        return PipelineConfig(self._source, list(self._stages), buffer_size)
+
+    def build(
+        self,
+        *,
+        num_threads: int | None = None,
+        max_failures: int = -1,
+        report_stats_interval: float = -1,
+        queue_size: int | None = None,
+    ) -> Pipeline[U]:
+        """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
+
+        ``num_threads``, when given, caps each sync stage's worker threads (stages never
+        share threads). ``max_failures`` is how many failed items a stage may drop before
+        the pipeline fails (-1: no limit). ``report_stats_interval`` > 0 logs the stage
+        table every that many seconds. ``queue_size`` overrides the capacity of the queues
+        between stages (default: 64 samples, or 2 per worker for batches).
+        """
+        return build_pipeline(
+            self.get_config(),
+            num_threads=num_threads,
+            max_failures=max_failures,
+            report_stats_interval=report_stats_interval,
+            queue_size=queue_size,
+        )
+
+    def __repr__(self) -> str:
+        stages = " -> ".join(s.label() for s in self._stages)
+        return f"PipelineBuilder(source -> {stages or '(no stage)'} -> sink)"
+
+
+def queue_capacity(workers: int, batched: bool) -> int:
+    """Capacity of the channel that feeds a stage of ``workers`` workers.
+
+    Each worker should find its next item waiting, and between threads that share the GIL
+    every hand-off that empties or fills a queue costs a thread switch (tens of us here), so
+    queues of single samples get room for 64: a producer then runs a while before it must
+    switch. Queues of batches (after ``aggregate``) hold far larger items and get just
+    enough for every worker to have one ready. Either way the bound is a constant, so memory
+    stays bounded whatever the source.
+    """
+    return max(2 * workers, 4) if batched else max(2 * workers, 64)
+
+
+def build_pipeline(
+    config: PipelineConfig,
+    *,
+    num_threads: int | None = None,
+    max_failures: int = -1,
+    report_stats_interval: float = -1,
+    queue_size: int | None = None,
+) -> Pipeline[Any]:
+    """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`."""
+    if num_threads is not None and num_threads < 1:
+        raise ValueError(f"num_threads must be positive, got {num_threads!r}")
+    if queue_size is not None and queue_size < 1:
+        raise ValueError(f"queue_size must be positive, got {queue_size!r}")
+    workers = [_workers(s, num_threads) for s in config.stages]
+    channels: list[Channel[Any]] = []
+    depth = 0  # how many aggregates deep: > 0 means the items are batches
+    for i, spec in enumerate(config.stages):
+        capacity = queue_size or queue_capacity(workers[i], batched=depth > 0)
+        channels.append(Channel(capacity, name=f"{i + 1}:{spec.label()} input"))
+        if isinstance(spec, AggregateConfig):
+            depth += 1
+        elif isinstance(spec, DisaggregateConfig):
+            depth = max(depth - 1, 0)
+    channels.append(Channel(config.buffer_size, name="sink"))
+
+    nodes: list[Node] = [SourceNode(config.source, channels[0])]
+    for i, spec in enumerate(config.stages):
+        name = f"{i + 1}:{spec.label()}"
+        inbox, outbox = channels[i], channels[i + 1]
+        if isinstance(spec, AggregateConfig):
+            nodes.append(AggregateStage(name, spec.size, spec.drop_last, inbox, outbox))
+        elif isinstance(spec, DisaggregateConfig):
+            nodes.append(DisaggregateStage(name, inbox, outbox))
+        else:
+            op, kind = classify_op(spec.op)
+            failures = max_failures if spec.max_failures is None else spec.max_failures
+            ordered = spec.output_order == "input"
+            if kind.is_async:
+                node: Node = AsyncStage(
+                    name,
+                    op,
+                    kind,
+                    inbox,
+                    outbox,
+                    workers=workers[i],
+                    ordered=ordered,
+                    max_failures=failures,
+                )
+            else:
+                node = ThreadStage(
+                    name,
+                    op,
+                    kind,
+                    inbox,
+                    outbox,
+                    workers=workers[i],
+                    ordered=ordered,
+                    executor=spec.executor,
+                    max_failures=failures,
+                )
+            nodes.append(node)
+    runtime = Runtime(nodes, channels, report_stats_interval=report_stats_interval)
+    return Pipeline(runtime, channels[-1], description=_describe(config))
+
+
+def _workers(spec: StageConfig, num_threads: int | None) -> int:
+    if not isinstance(spec, PipeConfig):
+        return 1
+    if spec.executor is None and not spec.kind.is_async and num_threads is not None:
+        return min(spec.concurrency, num_threads)
+    return spec.concurrency
+
+
+def _describe(config: PipelineConfig) -> str:
+    parts = ["source"]
+    for spec in config.stages:
+        if isinstance(spec, PipeConfig):
+            parts.append(f"{spec.label()}[{spec.concurrency}]")
+        else:
+            parts.append(spec.label())
+    parts.append(f"sink({config.buffer_size})")
+    return " -> ".join(parts)

@@ -1,0 +1,254 @@
+"""A bounded queue that threads and coroutines can both read and write.
+
+Stages of one pipeline run on worker threads (sync ops) or on the pipeline's event loop
+(async ops), so the queue between two stages must serve either kind on either end. The fast
+path (the queue is neither empty nor full) is one uncontended lock and one deque operation;
+only a caller that must wait allocates a waiter, and a put or get wakes exactly one waiter
+on the other side. Coroutines woken from their own loop's thread are resumed directly, and
+only a cross-thread wake pays for ``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+__all__ = ["EOF", "Channel", "ChannelAborted"]
+
+
+class _EndOfStream:
+    """Returned by ``get`` once the channel is closed and drained."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "EOF"
+
+
+EOF: Any = _EndOfStream()
+
+
+class ChannelAborted(Exception):
+    """Raised to every user of a channel after :meth:`Channel.abort`; carries the reason."""
+
+    def __init__(self, reason: BaseException | None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _ThreadWaiter:
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def wake(self) -> None:
+        self._lock.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _AsyncWaiter:
+    __slots__ = ("fut", "_loop", "_thread")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
+        self.fut: asyncio.Future[None] = self._loop.create_future()
+
+    def wake(self) -> None:
+        if threading.get_ident() == self._thread:
+            _resolve(self.fut)
+        elif not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(_resolve, self.fut)
+
+
+class Channel(Generic[T]):
+    """Bounded multi-producer multi-consumer queue with sync and async ends.
+
+    ``capacity <= 0`` means unbounded. ``close(error)`` marks the end of the stream: readers
+    drain what is left, then receive :data:`EOF` and can read ``close_error``.
+    ``abort(reason)`` discards everything and makes every pending and later call raise
+    :class:`ChannelAborted`.
+    """
+
+    __slots__ = (
+        "name",
+        "capacity",
+        "_items",
+        "_mutex",
+        "_getters",
+        "_putters",
+        "_closed",
+        "close_error",
+        "_abort",
+        "n_gets",
+        "depth_sum",
+    )
+
+    def __init__(self, capacity: int, name: str = "") -> None:
+        self.name = name
+        self.capacity = capacity if capacity > 0 else 0
+        self._items: deque[T] = deque()
+        self._mutex = threading.Lock()
+        self._getters: deque[Any] = deque()
+        self._putters: deque[Any] = deque()
+        self._closed = False
+        self.close_error: BaseException | None = None
+        self._abort: ChannelAborted | None = None
+        # Occupancy seen by readers: the sum of queue depths at each successful get.
+        self.n_gets = 0
+        self.depth_sum = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- producer side -------------------------------------------------------------------
+    def _try_put(self, item: T) -> bool:
+        """Put without waiting; False when the channel is full."""
+        if self._abort is not None:
+            raise self._abort
+        if self._closed:
+            raise RuntimeError(f"put() on closed channel {self.name!r}")
+        if self.capacity and len(self._items) >= self.capacity:
+            return False
+        self._items.append(item)
+        if self._getters:
+            self._getters.popleft().wake()
+        return True
+
+    def put(self, item: T) -> None:
+        """Append ``item``, blocking the calling thread while the channel is full."""
+        while True:
+            with self._mutex:
+                if self._try_put(item):
+                    return
+                waiter = _ThreadWaiter()
+                self._putters.append(waiter)
+            try:
+                waiter.wait(None)
+            except BaseException:
+                self._abandon(waiter, self._putters)
+                raise
+
+    async def aput(self, item: T) -> None:
+        """Append ``item``, suspending the calling coroutine while the channel is full."""
+        while True:
+            with self._mutex:
+                if self._try_put(item):
+                    return
+                waiter = _AsyncWaiter()
+                self._putters.append(waiter)
+            await self._await(waiter, self._putters)
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the stream; readers see ``EOF`` (and ``close_error``) after draining."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            self.close_error = error
+            self._wake_all()
+
+    def abort(self, reason: BaseException | None) -> None:
+        """Drop all items and make every call raise :class:`ChannelAborted`."""
+        with self._mutex:
+            if self._abort is not None:
+                return
+            self._abort = ChannelAborted(reason)
+            self._items.clear()
+            self._wake_all()
+
+    def _wake_all(self) -> None:
+        while self._getters:
+            self._getters.popleft().wake()
+        while self._putters:
+            self._putters.popleft().wake()
+
+    # -- consumer side -------------------------------------------------------------------
+    def _try_get(self) -> Any:
+        """Take without waiting; return the item, EOF, or ``self._mutex`` meaning 'wait'."""
+        items = self._items
+        if items:
+            item = items.popleft()
+            self.n_gets += 1
+            self.depth_sum += len(items)
+            if self._putters:
+                self._putters.popleft().wake()
+            return item
+        if self._abort is not None:
+            raise self._abort
+        if self._closed:
+            return EOF
+        return self._mutex
+
+    def get(self, timeout: float | None = None) -> T:
+        """Take the next item, blocking; ``EOF`` once closed and drained.
+
+        Raises :class:`TimeoutError` when nothing arrives within ``timeout`` seconds.
+        """
+        deadline = None
+        while True:
+            with self._mutex:
+                item = self._try_get()
+                if item is not self._mutex:
+                    return item
+                waiter = _ThreadWaiter()
+                self._getters.append(waiter)
+            if deadline is None and timeout is not None:
+                deadline = time.monotonic() + timeout
+            try:
+                woken = waiter.wait(None if deadline is None else deadline - time.monotonic())
+            except BaseException:  # KeyboardInterrupt while blocked
+                self._abandon(waiter, self._getters)
+                raise
+            if not woken and self._abandon(waiter, self._getters):
+                raise TimeoutError(f"no item arrived from {self.name!r} within {timeout} s")
+
+    async def aget(self) -> T:
+        """Take the next item, suspending the coroutine; ``EOF`` once closed and drained."""
+        while True:
+            with self._mutex:
+                item = self._try_get()
+                if item is not self._mutex:
+                    return item
+                waiter = _AsyncWaiter()
+                self._getters.append(waiter)
+            await self._await(waiter, self._getters)
+
+    async def _await(self, waiter: _AsyncWaiter, queue: deque[Any]) -> None:
+        try:
+            await waiter.fut
+        except BaseException:
+            self._abandon(waiter, queue)
+            raise
+
+    def _abandon(self, waiter: Any, queue: deque[Any]) -> bool:
+        """Withdraw a waiter that stops waiting; True if it had not been woken.
+
+        A waiter that was woken but leaves anyway passes its wake on, so none is lost.
+        """
+        with self._mutex:
+            try:
+                queue.remove(waiter)
+                return True
+            except ValueError:
+                if queue:
+                    queue.popleft().wake()
+                return False

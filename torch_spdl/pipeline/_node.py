@@ -1,0 +1,147 @@
+"""The protocol every stage obeys, and the bookkeeping they share.
+
+A node reads its ``inbox`` channel, writes its ``outbox`` channel and runs ``workers``
+workers, threads or coroutines that the runtime owns. The last worker to leave closes the
+outbox, passing on the upstream's end-of-stream error, so the end of the stream (and any
+source error) travels down the chain in order. A failed item is logged once, counted, and
+dropped; past ``max_failures`` the node fails the whole pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ._channel import Channel
+from ._errors import PipelineFailure, describe_item
+from ._stats import Counters, StageStats
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["Node"]
+
+_LG = logging.getLogger("torch_spdl.pipeline")
+
+
+class Node:
+    """Base class of sources and stages. Subclasses implement :meth:`launch`."""
+
+    def __init__(
+        self,
+        name: str,
+        inbox: Channel[Any] | None,
+        outbox: Channel[Any],
+        *,
+        workers: int = 1,
+        max_failures: int = -1,
+    ) -> None:
+        self.name = name
+        self.inbox = inbox
+        self.outbox = outbox
+        self.workers = workers
+        self.max_failures = max_failures
+        self._counters: list[Counters] = []
+        self._lock = threading.Lock()
+        self._active = workers
+        self._num_failed = 0
+        self._started_at = 0.0
+        self._finished_at = 0.0
+        self._runtime: Runtime | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def launch(self, runtime: Runtime) -> None:
+        """Register this node's workers with the runtime (which starts them)."""
+        raise NotImplementedError
+
+    def bind(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        self._started_at = time.perf_counter()
+
+    def on_stop(self) -> None:
+        """Called once when the pipeline stops; release what the workers may block on."""
+
+    def flush(self) -> Iterable[Any]:
+        """Items to emit after the input ended normally (aggregate's partial batch)."""
+        return ()
+
+    def new_counters(self) -> Counters:
+        counters = Counters()
+        with self._lock:
+            self._counters.append(counters)
+        return counters
+
+    def leave(self) -> bool:
+        """Called by each worker as it exits; True for the last one."""
+        with self._lock:
+            self._active -= 1
+            if self._active:
+                return False
+            self._finished_at = time.perf_counter()
+            return True
+
+    def upstream_error(self) -> BaseException | None:
+        return self.inbox.close_error if self.inbox is not None else None
+
+    # -- failures ------------------------------------------------------------------------
+    def record_failure(self, item: Any, exc: Exception) -> None:
+        """Log and count a failed item; fail the pipeline past ``max_failures``."""
+        with self._lock:
+            self._num_failed += 1
+            count = self._num_failed
+        _LG.error(
+            "stage %r failed on item %s: %s: %s",
+            self.name,
+            describe_item(item),
+            type(exc).__name__,
+            exc,
+            exc_info=_LG.isEnabledFor(logging.DEBUG),
+        )
+        if 0 <= self.max_failures < count:
+            failure = PipelineFailure(
+                f"stage {self.name!r} failed on {count} items, more than max_failures="
+                f"{self.max_failures}; the last on item {describe_item(item)}: "
+                f"{type(exc).__name__}: {exc}",
+                stage=self.name,
+                num_failures=count,
+            )
+            failure.__cause__ = exc
+            self.fail(failure)
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the whole pipeline with ``error``, which the consumer then receives."""
+        assert self._runtime is not None
+        self._runtime.fail(error)
+
+    def crash(self, exc: BaseException) -> None:
+        """A worker hit an error outside the user's op: never leave the consumer hanging."""
+        failure = PipelineFailure(
+            f"stage {self.name!r} stopped on an internal error: {type(exc).__name__}: {exc}",
+            stage=self.name,
+        )
+        failure.__cause__ = exc
+        self.fail(failure)
+
+    # -- stats ---------------------------------------------------------------------------
+    def stats(self) -> StageStats:
+        with self._lock:
+            counters = list(self._counters)
+            failed = self._num_failed
+        inbox = self.inbox
+        gets = inbox.n_gets if inbox is not None else 0
+        return StageStats(
+            name=self.name,
+            concurrency=self.workers,
+            num_in=sum(c.num_in for c in counters),
+            num_out=sum(c.num_out for c in counters),
+            num_failed=failed,
+            op_time=sum(c.op_time for c in counters),
+            queue_depth=(inbox.depth_sum / gets) if gets else 0.0,
+            queue_capacity=inbox.capacity if inbox is not None else 0,
+            elapsed=(self._finished_at or time.perf_counter()) - self._started_at
+            if self._started_at
+            else 0.0,
+        )

@@ -1,0 +1,161 @@
+"""The owner of every thread and task of one running pipeline.
+
+Workers never outlive their runtime: ``shutdown`` aborts every channel (which wakes every
+worker waiting on one), cancels the event loop's tasks, and joins every thread it started.
+The runtime holds no reference to the user-facing ``Pipeline``, so a pipeline that is
+dropped while running can be collected, and its finalizer shuts the runtime down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from ._channel import Channel
+from ._node import Node
+from ._stats import StatsReporter
+
+__all__ = ["Runtime", "STOPPED"]
+
+_LG = logging.getLogger("torch_spdl.pipeline")
+
+
+class _Stopped(Exception):
+    """The reason given to channels when the pipeline is stopped on purpose."""
+
+
+STOPPED = _Stopped("the pipeline was stopped")
+
+
+class Runtime:
+    """Starts, fails and stops the workers of the given nodes."""
+
+    def __init__(
+        self,
+        nodes: Sequence[Node],
+        channels: Sequence[Channel[Any]],
+        *,
+        report_stats_interval: float = -1,
+        join_timeout: float = 30.0,
+    ) -> None:
+        self.nodes = list(nodes)
+        self.channels = list(channels)
+        self._threads: list[threading.Thread] = []
+        self._task_factories: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main_task: asyncio.Task[Any] | None = None
+        self._lock = threading.Lock()
+        self._state = "new"
+        self.failure: BaseException | None = None
+        self._join_timeout = join_timeout
+        self._reporter = (
+            StatsReporter(report_stats_interval, self.stats) if report_stats_interval > 0 else None
+        )
+
+    # -- registration (called by nodes from launch) -------------------------------------
+    def spawn_thread(self, target: Callable[[], None], name: str) -> None:
+        self._threads.append(threading.Thread(target=target, name=name, daemon=True))
+
+    def spawn_task(self, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._task_factories.append(factory)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            if self._state != "new":
+                raise RuntimeError(f"a pipeline can be started only once (it is {self._state})")
+            self._state = "running"
+        for node in self.nodes:
+            node.bind(self)
+            node.launch(self)
+        if self._task_factories:
+            self._loop = asyncio.new_event_loop()
+            self._threads.append(
+                threading.Thread(target=self._run_loop, name="torch_spdl-loop", daemon=True)
+            )
+        if self._reporter is not None:
+            self._threads.append(self._reporter.thread)
+        for thread in self._threads:
+            thread.start()
+
+    def _run_loop(self) -> None:
+        loop = self._loop
+        assert loop is not None
+        asyncio.set_event_loop(loop)
+
+        async def main() -> None:
+            self._main_task = asyncio.current_task()
+            if self._state != "running":
+                return
+            await asyncio.gather(*(factory() for factory in self._task_factories))
+
+        try:
+            loop.run_until_complete(main())
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # a task died outside its own handler
+            self.fail(exc)
+        finally:
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            finally:
+                loop.close()
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    def fail(self, error: BaseException) -> None:
+        """Record the first failure and abort every channel with it."""
+        with self._lock:
+            if self.failure is not None or self._state == "stopped":
+                return
+            self.failure = error
+        for channel in self.channels:
+            channel.abort(error)
+
+    def shutdown(self) -> None:
+        """Stop every worker and join every thread (idempotent, safe from any thread)."""
+        with self._lock:
+            if self._state == "stopped":
+                return
+            was_running = self._state == "running"
+            self._state = "stopped"
+        for channel in self.channels:
+            channel.abort(STOPPED)
+        if not was_running:
+            return
+        if self._reporter is not None:
+            self._reporter.stop()
+        for node in self.nodes:
+            node.on_stop()
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._cancel_main)
+            except RuntimeError:
+                pass  # the loop already finished
+        deadline = time.monotonic() + self._join_timeout
+        me = threading.current_thread()
+        for thread in self._threads:
+            if thread is me:
+                continue  # shut down from one of our own workers (a finalizer): it exits next
+            thread.join(max(deadline - time.monotonic(), 0.0))
+            if thread.is_alive():
+                _LG.warning(
+                    "thread %r did not stop within %.0f s: an op is still running and cannot be "
+                    "interrupted; it will exit when that op returns",
+                    thread.name,
+                    self._join_timeout,
+                )
+
+    def _cancel_main(self) -> None:
+        if self._main_task is not None:
+            self._main_task.cancel()
+
+    def stats(self) -> list[Any]:
+        return [node.stats() for node in self.nodes]

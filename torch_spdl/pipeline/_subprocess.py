@@ -1,0 +1,182 @@
+"""Run an iterable (or a whole pipeline) in a child process and stream its items back.
+
+The child sends ``(tag, payload)`` messages over a pipe; a semaphore of ``buffer_size``
+slots bounds how far it runs ahead. The parent waits on the pipe and on the child's exit
+sentinel together, so a child that dies, even by ``os._exit``, is reported at once instead
+of leaving the parent waiting for an item that never comes.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import pickle
+import traceback
+from collections.abc import Callable, Iterable, Iterator
+from multiprocessing.connection import Connection, wait
+from typing import Any, TypeVar
+
+__all__ = ["iterate_in_subprocess", "run_pipeline_in_subprocess", "SubprocessError"]
+
+_LG = logging.getLogger("torch_spdl.pipeline")
+
+T = TypeVar("T")
+
+_ITEM, _END, _ERROR = 0, 1, 2
+
+
+class SubprocessError(RuntimeError):
+    """The child process died, or raised an error that could not be sent back."""
+
+
+def _child_main(
+    fn: Callable[[], Iterable[Any]],
+    initializer: Callable[[], None] | None,
+    conn: Connection,
+    slots: Any,
+    stop: Any,
+) -> None:
+    try:
+        if initializer is not None:
+            initializer()
+        for item in fn():
+            slots.acquire()
+            if stop.is_set():
+                return
+            conn.send((_ITEM, item))
+        conn.send((_END, None))
+    except BaseException as exc:  # report everything, KeyboardInterrupt included
+        if stop.is_set():
+            return
+        try:
+            conn.send((_ERROR, exc))
+        except Exception:  # unpicklable exception: send its text instead
+            conn.send((_ERROR, SubprocessError("".join(traceback.format_exception(exc)))))
+    finally:
+        conn.close()
+
+
+def iterate_in_subprocess(
+    fn: Callable[[], Iterable[T]],
+    *,
+    buffer_size: int = 3,
+    initializer: Callable[[], None] | None = None,
+    mp_context: str | None = "spawn",
+    timeout: float | None = None,
+) -> Iterator[T]:
+    """Call ``fn()`` in a child process, iterate its result there, yield the items here.
+
+    ``fn`` (and ``initializer``, run first in the child) must be picklable: a module-level
+    function or a ``functools.partial`` of one. At most ``buffer_size`` items are in flight.
+    ``timeout`` bounds the wait for each item (``TimeoutError``). An error in the child is
+    re-raised here; a child that dies raises :class:`SubprocessError`. Closing the iterator
+    early stops and joins the child.
+    """
+    ctx = mp.get_context(mp_context)
+    for what, obj in (("fn", fn), ("initializer", initializer)):
+        try:
+            pickle.dumps(obj)
+        except Exception as exc:
+            raise TypeError(
+                f"iterate_in_subprocess: {what}={obj!r} cannot be pickled to send to the child "
+                f"process ({exc}); use a module-level function or functools.partial"
+            ) from exc
+    return _stream(ctx, fn, initializer, max(buffer_size, 1), timeout)
+
+
+def _stream(
+    ctx: Any,
+    fn: Callable[[], Iterable[T]],
+    initializer: Callable[[], None] | None,
+    buffer_size: int,
+    timeout: float | None,
+) -> Iterator[T]:
+    reader, writer = ctx.Pipe(duplex=False)
+    slots = ctx.Semaphore(buffer_size)
+    stop = ctx.Event()
+    proc = ctx.Process(
+        target=_child_main,
+        args=(fn, initializer, writer, slots, stop),
+        daemon=True,
+        name="torch_spdl-subprocess",
+    )
+    proc.start()
+    writer.close()
+    try:
+        while True:
+            ready = wait([reader, proc.sentinel], timeout)
+            if not ready:
+                raise TimeoutError(f"no item arrived from the subprocess within {timeout} s")
+            if reader not in ready:  # exited without a word
+                proc.join()
+                raise SubprocessError(
+                    f"the subprocess (pid {proc.pid}) running {fn!r} exited unexpectedly "
+                    f"with code {proc.exitcode}"
+                )
+            try:
+                tag, payload = reader.recv()
+            except EOFError:
+                proc.join()
+                raise SubprocessError(
+                    f"the subprocess (pid {proc.pid}) running {fn!r} closed its pipe and "
+                    f"exited with code {proc.exitcode}"
+                ) from None
+            if tag == _ITEM:
+                slots.release()
+                yield payload
+            elif tag == _END:
+                return
+            else:
+                payload.add_note(f"torch_spdl: raised in the subprocess (pid {proc.pid})")
+                raise payload
+    finally:
+        stop.set()
+        slots.release()  # unblock a child waiting for a slot, so it sees `stop`
+        reader.close()
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+class _BuildAndIterate:
+    """Picklable factory: builds the pipeline in the child and iterates it."""
+
+    def __init__(self, builder: Any, build_kwargs: dict[str, Any]) -> None:
+        self.builder = builder
+        self.build_kwargs = build_kwargs
+
+    def __call__(self) -> Iterator[Any]:
+        pipeline = self.builder.build(**self.build_kwargs)
+        with pipeline.auto_stop():
+            yield from pipeline
+
+
+def run_pipeline_in_subprocess(
+    builder: Any,
+    *,
+    num_threads: int | None = None,
+    max_failures: int = -1,
+    report_stats_interval: float = -1,
+    queue_size: int | None = None,
+    **kwargs: Any,
+) -> Iterator[Any]:
+    """Build ``builder`` in a child process, run it there, and yield its items here.
+
+    The build arguments are those of :meth:`PipelineBuilder.build`; ``kwargs`` go to
+    :func:`iterate_in_subprocess` (``buffer_size``, ``initializer``, ``mp_context``,
+    ``timeout``).
+    """
+    factory = _BuildAndIterate(
+        builder,
+        dict(
+            num_threads=num_threads,
+            max_failures=max_failures,
+            report_stats_interval=report_stats_interval,
+            queue_size=queue_size,
+        ),
+    )
+    return iterate_in_subprocess(factory, **kwargs)

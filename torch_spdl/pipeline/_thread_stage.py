@@ -1,0 +1,196 @@
+"""A stage that runs a sync op (function or generator) on long-lived worker threads.
+
+Each worker loops: take an item, run the op, put the result. There is no per-item task,
+future or executor dispatch on the default path, which is what makes the hot path cheap.
+With a user executor (a dedicated ``ThreadPoolExecutor``, a ``ProcessPoolExecutor``), each
+worker hands its item to the executor and waits, so the executor does the work while
+``concurrency`` bounds how many items are in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import BrokenExecutor, Executor
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from ._channel import EOF, Channel, ChannelAborted
+from ._errors import PipelineFailure
+from ._node import Node
+from ._ops import OpKind, call_to_list
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = ["ThreadStage"]
+
+
+class ThreadStage(Node):
+    """Sync op on ``workers`` threads, in completion or input order."""
+
+    def __init__(
+        self,
+        name: str,
+        op: Callable[[Any], Any],
+        kind: OpKind,
+        inbox: Channel[Any],
+        outbox: Channel[Any],
+        *,
+        workers: int,
+        ordered: bool,
+        executor: Executor | None = None,
+        max_failures: int = -1,
+    ) -> None:
+        super().__init__(name, inbox, outbox, workers=workers, max_failures=max_failures)
+        self.op = op
+        self.kind = kind
+        self.ordered = ordered and workers > 1
+        self.executor = executor
+        # input-order bookkeeping
+        self._take_lock = threading.Lock()
+        self._emit_lock = threading.Lock()
+        self._next_seq = 0
+        self._next_emit = 0
+        self._pending: dict[int, Any] = {}
+
+    def launch(self, runtime: Runtime) -> None:
+        for i in range(self.workers):
+            runtime.spawn_thread(self._work, f"torch_spdl-{self.name}-{i}")
+
+    def _work(self) -> None:
+        counters = self.new_counters()
+        try:
+            if self.executor is None and not self.ordered and self.kind is OpKind.FUNC:
+                self._run_fast(counters)
+            elif self.executor is None and not self.ordered:
+                self._run_streaming(counters)
+            else:
+                self._run_general(counters)
+        except ChannelAborted:
+            pass
+        except BaseException as exc:
+            self.crash(exc)
+        finally:
+            if self.leave():
+                self._finish()
+
+    def _finish(self) -> None:
+        try:
+            if self.upstream_error() is None:
+                counters = self.new_counters()
+                for item in self.flush():
+                    self.outbox.put(item)
+                    counters.num_out += 1
+        except ChannelAborted:
+            return
+        self.outbox.close(self.upstream_error())
+
+    # The hot path: a plain function, completion order, on our own thread.
+    def _run_fast(self, counters: Any) -> None:
+        get, put, op, clock = self.inbox.get, self.outbox.put, self.op, time.perf_counter
+        while True:
+            item = get()
+            if item is EOF:
+                return
+            counters.num_in += 1
+            t0 = clock()
+            try:
+                out = op(item)
+            except Exception as exc:
+                counters.op_time += clock() - t0
+                self.record_failure(item, exc)
+                continue
+            counters.op_time += clock() - t0
+            if out is not None:
+                put(out)
+                counters.num_out += 1
+
+    # A generator in completion order: each output goes downstream as soon as it is made.
+    def _run_streaming(self, counters: Any) -> None:
+        get, put, op, clock = self.inbox.get, self.outbox.put, self.op, time.perf_counter
+        while True:
+            item = get()
+            if item is EOF:
+                return
+            counters.num_in += 1
+            t0 = clock()
+            try:
+                for out in op(item):
+                    if out is not None:
+                        put(out)
+                        counters.num_out += 1
+            except ChannelAborted:
+                raise
+            except Exception as exc:
+                self.record_failure(item, exc)
+            counters.op_time += clock() - t0
+
+    # Everything else: an executor, or input order, or both.
+    def _run_general(self, counters: Any) -> None:
+        get, clock = self.inbox.get, time.perf_counter
+        compute = self._compute_fn()
+        while True:
+            if self.ordered:
+                with self._take_lock:
+                    item = get()
+                    if item is EOF:
+                        return
+                    seq = self._next_seq
+                    self._next_seq += 1
+            else:
+                item = get()
+                if item is EOF:
+                    return
+            counters.num_in += 1
+            t0 = clock()
+            try:
+                outs = compute(item)
+            except BrokenExecutor as exc:
+                self._executor_broken(exc)
+                return
+            except Exception as exc:
+                self.record_failure(item, exc)
+                outs = ()
+            counters.op_time += clock() - t0
+            if self.ordered:
+                self._emit_in_order(seq, outs, counters)
+            else:
+                for out in outs:
+                    self.outbox.put(out)
+                    counters.num_out += 1
+
+    def _compute_fn(self) -> Callable[[Any], Any]:
+        op, executor = self.op, self.executor
+        if executor is None:
+            if self.kind is OpKind.GEN:
+                return lambda item: [o for o in op(item) if o is not None]
+            return lambda item: _one(op(item))
+        if self.kind is OpKind.GEN:
+            # A generator cannot cross a process boundary: run it to the end in the executor.
+            task = partial(call_to_list, op)
+            return lambda item: [o for o in executor.submit(task, item).result() if o is not None]
+        return lambda item: _one(executor.submit(op, item).result())
+
+    def _emit_in_order(self, seq: int, outs: Any, counters: Any) -> None:
+        with self._emit_lock:
+            self._pending[seq] = outs
+            while self._next_emit in self._pending:
+                for out in self._pending.pop(self._next_emit):
+                    self.outbox.put(out)
+                    counters.num_out += 1
+                self._next_emit += 1
+
+    def _executor_broken(self, exc: BaseException) -> None:
+        failure = PipelineFailure(
+            f"stage {self.name!r}: its executor {self.executor!r} is broken "
+            f"(a worker process died?): {exc}",
+            stage=self.name,
+        )
+        failure.__cause__ = exc
+        self.fail(failure)
+
+
+def _one(out: Any) -> tuple[Any, ...]:
+    return () if out is None else (out,)
