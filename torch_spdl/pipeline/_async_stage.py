@@ -7,11 +7,10 @@ leave the event loop, so an item moves between two async stages without a thread
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._channel import EOF, Channel, ChannelAborted
-from ._node import Node
+from ._channel import EOF, ChannelAborted
+from ._node import OpStage
 from ._ops import OpKind
 
 if TYPE_CHECKING:
@@ -20,28 +19,11 @@ if TYPE_CHECKING:
 __all__ = ["AsyncStage"]
 
 
-class AsyncStage(Node):
+class AsyncStage(OpStage):
     """Async op on ``workers`` coroutines, in completion or input order."""
 
-    def __init__(
-        self,
-        name: str,
-        op: Callable[[Any], Any],
-        kind: OpKind,
-        inbox: Channel[Any],
-        outbox: Channel[Any],
-        *,
-        workers: int,
-        ordered: bool,
-        max_failures: int = -1,
-    ) -> None:
-        super().__init__(name, inbox, outbox, workers=workers, max_failures=max_failures)
-        self.op = op
-        self.kind = kind
-        self.ordered = ordered and workers > 1
-        self._next_seq = 0
-        self._next_emit = 0
-        self._pending: dict[int, Any] = {}
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._emitting = False
 
     def launch(self, runtime: Runtime) -> None:

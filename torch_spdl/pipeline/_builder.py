@@ -265,31 +265,15 @@ def build_pipeline(
             nodes.append(DisaggregateStage(name, inbox, outbox))
         else:
             op, kind = classify_op(spec.op)
-            failures = max_failures if spec.max_failures is None else spec.max_failures
-            ordered = spec.output_order == "input"
+            common = dict(
+                workers=workers[i],
+                ordered=spec.output_order == "input",
+                max_failures=max_failures if spec.max_failures is None else spec.max_failures,
+            )
             if kind.is_async:
-                node: Node = AsyncStage(
-                    name,
-                    op,
-                    kind,
-                    inbox,
-                    outbox,
-                    workers=workers[i],
-                    ordered=ordered,
-                    max_failures=failures,
-                )
+                node: Node = AsyncStage(name, op, kind, inbox, outbox, **common)
             else:
-                node = ThreadStage(
-                    name,
-                    op,
-                    kind,
-                    inbox,
-                    outbox,
-                    workers=workers[i],
-                    ordered=ordered,
-                    executor=spec.executor,
-                    max_failures=failures,
-                )
+                node = ThreadStage(name, op, kind, inbox, outbox, executor=spec.executor, **common)
             nodes.append(node)
     runtime = Runtime(nodes, channels, report_stats_interval=report_stats_interval)
     return Pipeline(runtime, channels[-1], description=_describe(config))

@@ -12,17 +12,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from ._channel import Channel
 from ._errors import PipelineFailure, describe_item
+from ._ops import OpKind
 from ._stats import Counters, StageStats
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["Node"]
+__all__ = ["Node", "OpStage"]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
@@ -145,3 +146,31 @@ class Node:
             if self._started_at
             else 0.0,
         )
+
+
+class OpStage(Node):
+    """A node that applies a user op with ``workers`` workers, in completion or input order.
+
+    For input order, each item gets a sequence number as it is taken, and results are
+    emitted strictly by sequence number (``_pending`` holds those that finished early).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        op: Callable[[Any], Any],
+        kind: OpKind,
+        inbox: Channel[Any],
+        outbox: Channel[Any],
+        *,
+        workers: int,
+        ordered: bool,
+        max_failures: int = -1,
+    ) -> None:
+        super().__init__(name, inbox, outbox, workers=workers, max_failures=max_failures)
+        self.op = op
+        self.kind = kind
+        self.ordered = ordered and workers > 1
+        self._next_seq = 0
+        self._next_emit = 0
+        self._pending: dict[int, Any] = {}

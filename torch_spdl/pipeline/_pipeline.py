@@ -62,7 +62,7 @@ class Pipeline(Generic[T]):
         return self._iterate(timeout)
 
     def _iterate(self, timeout: float | None) -> Iterator[T]:
-        started_here = self._runtime._state == "new"
+        started_here = self._runtime.state == "new"
         if started_here:
             self.start()
         get = self._sink.get
@@ -88,7 +88,7 @@ class Pipeline(Generic[T]):
 
         Starts the pipeline if needed; it then runs until :meth:`stop`.
         """
-        if self._runtime._state == "new":
+        if self._runtime.state == "new":
             self.start()
         try:
             item = self._sink.get(timeout)

@@ -106,8 +106,9 @@ class Runtime:
                 loop.close()
 
     @property
-    def running(self) -> bool:
-        return self._state == "running"
+    def state(self) -> str:
+        """``"new"``, ``"running"`` or ``"stopped"``."""
+        return self._state
 
     def fail(self, error: BaseException) -> None:
         """Record the first failure and abort every channel with it."""

@@ -16,9 +16,9 @@ from concurrent.futures import BrokenExecutor, Executor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ._channel import EOF, Channel, ChannelAborted
+from ._channel import EOF, ChannelAborted
 from ._errors import PipelineFailure
-from ._node import Node
+from ._node import OpStage
 from ._ops import OpKind, call_to_list
 
 if TYPE_CHECKING:
@@ -27,33 +27,14 @@ if TYPE_CHECKING:
 __all__ = ["ThreadStage"]
 
 
-class ThreadStage(Node):
+class ThreadStage(OpStage):
     """Sync op on ``workers`` threads, in completion or input order."""
 
-    def __init__(
-        self,
-        name: str,
-        op: Callable[[Any], Any],
-        kind: OpKind,
-        inbox: Channel[Any],
-        outbox: Channel[Any],
-        *,
-        workers: int,
-        ordered: bool,
-        executor: Executor | None = None,
-        max_failures: int = -1,
-    ) -> None:
-        super().__init__(name, inbox, outbox, workers=workers, max_failures=max_failures)
-        self.op = op
-        self.kind = kind
-        self.ordered = ordered and workers > 1
+    def __init__(self, *args: Any, executor: Executor | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.executor = executor
-        # input-order bookkeeping
         self._take_lock = threading.Lock()
         self._emit_lock = threading.Lock()
-        self._next_seq = 0
-        self._next_emit = 0
-        self._pending: dict[int, Any] = {}
 
     def launch(self, runtime: Runtime) -> None:
         for i in range(self.workers):
