@@ -6,6 +6,7 @@ leave the event loop, so an item moves between two async stages without a thread
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ class AsyncStage(OpStage):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._emitting = False
+        self._window: asyncio.Semaphore | None = None  # see ThreadStage._window
 
     def launch(self, runtime: Runtime) -> None:
         for _ in range(self.workers):
@@ -66,9 +68,16 @@ class AsyncStage(OpStage):
 
     async def _run_general(self, counters: Any) -> None:
         aget, aput, clock = self.inbox.aget, self.outbox.aput, time.perf_counter
+        if self.ordered and self._window is None:
+            self._window = asyncio.Semaphore(self.window)
+        window = self._window
         while True:
+            if window is not None:
+                await window.acquire()
             item = await aget()
             if item is EOF:
+                if window is not None:
+                    window.release()
                 return
             seq = self._next_seq  # taken with no await in between: the loop is ours alone
             self._next_seq += 1
@@ -91,9 +100,8 @@ class AsyncStage(OpStage):
                         outs.append(out)
             except ChannelAborted:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # what a generator yielded before it raised is kept
                 self.record_failure(item, exc)
-                outs = []
             counters.op_time += clock() - t0
             if self.ordered:
                 await self._emit_in_order(seq, outs, counters)
@@ -109,5 +117,7 @@ class AsyncStage(OpStage):
                     await self.outbox.aput(out)
                     counters.num_out += 1
                 self._next_emit += 1
+                assert self._window is not None
+                self._window.release()
         finally:
             self._emitting = False

@@ -174,3 +174,4 @@ class OpStage(Node):
         self._next_seq = 0
         self._next_emit = 0
         self._pending: dict[int, Any] = {}
+        self.window = 2 * workers  # most items taken and not yet emitted, in input order

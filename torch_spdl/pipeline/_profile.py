@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import AsyncIterable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from ._builder import (
     AggregateConfig,
@@ -127,13 +127,14 @@ def profile_pipeline(
     num_iterations: int = 100,
     concurrency_levels: Sequence[int] = (1, 2, 4, 8),
     num_threads: int | None = None,
-    file: IO[str] | None = sys.stdout,
+    file: IO[str] | None | Literal["stdout"] = "stdout",
 ) -> ProfileReport:
     """Profile every stage of ``pipeline`` on ``num_iterations`` items from its source.
 
     Each ``pipe`` stage runs alone at each level of ``concurrency_levels`` (and at its
     declared concurrency). Ops are called once per item per level, so they should be free of
-    side effects. The table is written to ``file`` (``None``: not written) and returned as a
+    side effects. The table is written to ``file`` (default: the current ``sys.stdout``;
+    ``None``: not written) and returned as a
     :class:`ProfileReport`, whose ``bottleneck`` names the slowest stage.
     """
     config = pipeline.get_config() if isinstance(pipeline, PipelineBuilder) else pipeline
@@ -166,6 +167,8 @@ def profile_pipeline(
         if not inputs:
             break
     report = ProfileReport(profiles, tuple(sorted(set(levels))))
+    if file == "stdout":
+        file = sys.stdout
     if file is not None:
         file.write(str(report) + "\n")
     return report

@@ -49,6 +49,7 @@ class Runtime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task[Any] | None = None
         self._lock = threading.Lock()
+        self._starting = threading.RLock()
         self._state = "new"
         self.failure: BaseException | None = None
         self._join_timeout = join_timeout
@@ -65,22 +66,23 @@ class Runtime:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
-        with self._lock:
-            if self._state != "new":
-                raise RuntimeError(f"a pipeline can be started only once (it is {self._state})")
-            self._state = "running"
-        for node in self.nodes:
-            node.bind(self)
-            node.launch(self)
-        if self._task_factories:
-            self._loop = asyncio.new_event_loop()
-            self._threads.append(
-                threading.Thread(target=self._run_loop, name="torch_spdl-loop", daemon=True)
-            )
-        if self._reporter is not None:
-            self._threads.append(self._reporter.thread)
-        for thread in self._threads:
-            thread.start()
+        with self._starting:  # shutdown waits for a start under way before it joins
+            with self._lock:
+                if self._state != "new":
+                    raise RuntimeError(f"a pipeline can be started only once (it is {self._state})")
+                self._state = "running"
+            for node in self.nodes:
+                node.bind(self)
+                node.launch(self)
+            if self._task_factories:
+                self._loop = asyncio.new_event_loop()
+                self._threads.append(
+                    threading.Thread(target=self._run_loop, name="torch_spdl-loop", daemon=True)
+                )
+            if self._reporter is not None:
+                self._threads.append(self._reporter.thread)
+            for thread in self._threads:
+                thread.start()
 
     def _run_loop(self) -> None:
         loop = self._loop
@@ -130,6 +132,8 @@ class Runtime:
             channel.abort(STOPPED)
         if not was_running:
             return
+        with self._starting:
+            pass  # let a start() under way in another thread finish launching first
         if self._reporter is not None:
             self._reporter.stop()
         for node in self.nodes:
@@ -143,8 +147,8 @@ class Runtime:
         deadline = time.monotonic() + self._join_timeout
         me = threading.current_thread()
         for thread in self._threads:
-            if thread is me:
-                continue  # shut down from one of our own workers (a finalizer): it exits next
+            if thread is me or thread.ident is None:
+                continue  # our own worker (a finalizer ran there), or never started
             thread.join(max(deadline - time.monotonic(), 0.0))
             if thread.is_alive():
                 _LG.warning(

@@ -35,6 +35,9 @@ class ThreadStage(OpStage):
         self.executor = executor
         self._take_lock = threading.Lock()
         self._emit_lock = threading.Lock()
+        # In input order, at most `window` items are taken and not yet emitted, so a slow
+        # head item cannot make the stage pull (and hold) the rest of the stream.
+        self._window = threading.Semaphore(self.window)
 
     def launch(self, runtime: Runtime) -> None:
         for i in range(self.workers):
@@ -59,11 +62,10 @@ class ThreadStage(OpStage):
 
     def _finish(self) -> None:
         try:
-            if self.upstream_error() is None:
-                counters = self.new_counters()
-                for item in self.flush():
-                    self.outbox.put(item)
-                    counters.num_out += 1
+            counters = self.new_counters()
+            for item in self.flush():  # a partial batch goes out even before a source error
+                self.outbox.put(item)
+                counters.num_out += 1
         except ChannelAborted:
             return
         self.outbox.close(self.upstream_error())
@@ -114,9 +116,11 @@ class ThreadStage(OpStage):
         compute = self._compute_fn()
         while True:
             if self.ordered:
+                self._window.acquire()
                 with self._take_lock:
                     item = get()
                     if item is EOF:
+                        self._window.release()
                         return
                     seq = self._next_seq
                     self._next_seq += 1
@@ -126,14 +130,14 @@ class ThreadStage(OpStage):
                     return
             counters.num_in += 1
             t0 = clock()
+            outs: list[Any] = []
             try:
-                outs = compute(item)
+                compute(item, outs)
             except BrokenExecutor as exc:
                 self._executor_broken(exc)
                 return
-            except Exception as exc:
+            except Exception as exc:  # what a generator yielded before it raised is kept
                 self.record_failure(item, exc)
-                outs = ()
             counters.op_time += clock() - t0
             if self.ordered:
                 self._emit_in_order(seq, outs, counters)
@@ -142,17 +146,20 @@ class ThreadStage(OpStage):
                     self.outbox.put(out)
                     counters.num_out += 1
 
-    def _compute_fn(self) -> Callable[[Any], Any]:
+    def _compute_fn(self) -> Callable[[Any, list[Any]], None]:
+        """A function that appends the op's outputs for an item to a list."""
         op, executor = self.op, self.executor
+        if executor is None and self.kind is OpKind.GEN:
+            return lambda item, outs: outs.extend(o for o in op(item) if o is not None)
         if executor is None:
-            if self.kind is OpKind.GEN:
-                return lambda item: [o for o in op(item) if o is not None]
-            return lambda item: _one(op(item))
+            return lambda item, outs: _append(outs, op(item))
         if self.kind is OpKind.GEN:
             # A generator cannot cross a process boundary: run it to the end in the executor.
             task = partial(call_to_list, op)
-            return lambda item: [o for o in executor.submit(task, item).result() if o is not None]
-        return lambda item: _one(executor.submit(op, item).result())
+            return lambda item, outs: outs.extend(
+                o for o in executor.submit(task, item).result() if o is not None
+            )
+        return lambda item, outs: _append(outs, executor.submit(op, item).result())
 
     def _emit_in_order(self, seq: int, outs: Any, counters: Any) -> None:
         with self._emit_lock:
@@ -162,6 +169,11 @@ class ThreadStage(OpStage):
                     self.outbox.put(out)
                     counters.num_out += 1
                 self._next_emit += 1
+                self._window.release()
+
+    def on_stop(self) -> None:
+        for _ in range(self.workers):  # free workers waiting for the window
+            self._window.release()
 
     def _executor_broken(self, exc: BaseException) -> None:
         failure = PipelineFailure(
@@ -173,5 +185,6 @@ class ThreadStage(OpStage):
         self.fail(failure)
 
 
-def _one(out: Any) -> tuple[Any, ...]:
-    return () if out is None else (out,)
+def _append(outs: list[Any], out: Any) -> None:
+    if out is not None:
+        outs.append(out)
