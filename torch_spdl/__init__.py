@@ -1,11 +1,40 @@
 """torch_spdl: fast staged data loading for PyTorch.
 
-``torch_spdl.pipeline`` is the engine. Importing ``torch_spdl`` itself stays light (it does
-not import torch), so pipelines start quickly, in subprocesses too.
+``torch_spdl.pipeline`` is the engine. The torch-facing names (``DataLoader``,
+``StagedDataset``, ``PipelineDataset``...) are imported on first use, so that importing
+``torch_spdl`` (in a spawned subprocess, say) does not import torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .pipeline import Pipeline, PipelineBuilder, PipelineFailure
 
+if TYPE_CHECKING:
+    from ._pipeline_dataset import PipelineDataset as PipelineDataset
+    from .data import DataLoader as DataLoader
+    from .data import Stage as Stage
+    from .data import StagedDataset as StagedDataset
+    from .data import WorkerInfo as WorkerInfo
+    from .data import get_worker_info as get_worker_info
+
 __version__ = "0.1.0"
 
-__all__ = ["Pipeline", "PipelineBuilder", "PipelineFailure", "__version__"]
+_LAZY = {
+    "DataLoader": ".data",
+    "Stage": ".data",
+    "StagedDataset": ".data",
+    "WorkerInfo": ".data",
+    "get_worker_info": ".data",
+    "PipelineDataset": "._pipeline_dataset",
+}
+
+__all__ = ["Pipeline", "PipelineBuilder", "PipelineFailure", "__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'torch_spdl' has no attribute {name!r}")

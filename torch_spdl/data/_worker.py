@@ -1,0 +1,87 @@
+"""Worker identity for loader threads: torch's ``get_worker_info()``, per thread.
+
+torch keeps worker information in a module global, which works because each worker is a
+process. Loader workers here are threads of one process, so the information lives in a
+``threading.local``; each worker thread gets an id, a seed (``base_seed + id``, as torch
+computes it) and its own random generators, and ``worker_init_fn`` runs once in it before
+its first sample, all without touching the global RNG.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["WorkerInfo", "get_worker_info", "WorkerGroup"]
+
+_LOCAL = threading.local()
+
+
+@dataclass
+class WorkerInfo:
+    """What a loader worker thread knows about itself (mirrors torch's ``WorkerInfo``)."""
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+    generator: torch.Generator = field(repr=False)  # seeded with ``seed``
+    random: random.Random = field(repr=False)  # seeded with ``seed``
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """The calling loader thread's :class:`WorkerInfo`, or ``None`` outside a loader."""
+    return getattr(_LOCAL, "info", None)
+
+
+class WorkerGroup:
+    """Hands out worker ids to the threads of one loader epoch (or of persistent workers)."""
+
+    def __init__(
+        self,
+        num_workers: int,
+        base_seed: int,
+        dataset: Any,
+        init_fn: Callable[[int], None] | None,
+    ) -> None:
+        self.num_workers = num_workers
+        self.base_seed = base_seed
+        self.dataset = dataset
+        self.init_fn = init_fn
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def enter(self) -> None:
+        """Make sure the calling thread is a worker of this group (cheap after the first)."""
+        info = getattr(_LOCAL, "info", None)
+        if info is not None and getattr(_LOCAL, "group", None) is self:
+            return
+        with self._lock:
+            wid = next(self._ids)
+        seed = (self.base_seed + wid) % 2**63
+        _LOCAL.group = self
+        _LOCAL.info = WorkerInfo(
+            id=wid,
+            num_workers=self.num_workers,
+            seed=seed,
+            dataset=self.dataset,
+            generator=torch.Generator().manual_seed(seed),
+            random=random.Random(seed),
+        )
+        if self.init_fn is not None:
+            self.init_fn(wid)
+
+    def wrap(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``fn`` run as a worker of this group."""
+
+        def run(arg: Any) -> Any:
+            self.enter()
+            return fn(arg)
+
+        return run
