@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["WorkerInfo", "get_worker_info", "WorkerGroup"]
+__all__ = ["WorkerInfo", "get_worker_info", "WorkerGroup", "init_process_worker"]
 
 _LOCAL = threading.local()
 
@@ -38,6 +38,49 @@ class WorkerInfo:
 def get_worker_info() -> WorkerInfo | None:
     """The calling loader thread's :class:`WorkerInfo`, or ``None`` outside a loader."""
     return getattr(_LOCAL, "info", None)
+
+
+def _make_info(wid: int, num_workers: int, seed: int, dataset: Any) -> WorkerInfo:
+    return WorkerInfo(
+        id=wid,
+        num_workers=num_workers,
+        seed=seed,
+        dataset=dataset,
+        generator=torch.Generator().manual_seed(seed),
+        random=random.Random(seed),
+    )
+
+
+# The dataset of a worker process, sent once by its initializer rather than with each sample.
+PROCESS_DATASET: Any = None
+
+
+def init_process_worker(
+    dataset: Any,
+    counter: Any,
+    num_workers: int,
+    base_seed: int,
+    init_fn: Callable[[int], None] | None,
+) -> None:
+    """Initializer of a loader's worker process: what torch does in its worker loop
+    (seed torch and ``random`` with ``base_seed + id``, set the worker info, run
+    ``worker_init_fn``)."""
+    global PROCESS_DATASET
+    PROCESS_DATASET = dataset
+    with counter.get_lock():
+        wid = counter.value
+        counter.value += 1
+    seed = (base_seed + wid) % 2**63
+    torch.manual_seed(seed)
+    random.seed(seed)
+    _LOCAL.info = _make_info(wid, num_workers, seed, dataset)
+    if init_fn is not None:
+        init_fn(wid)
+
+
+def getitem_in_process(index: Any) -> Any:
+    """``dataset[index]`` on the worker process's copy of the dataset."""
+    return PROCESS_DATASET[index]
 
 
 class WorkerGroup:
@@ -64,24 +107,8 @@ class WorkerGroup:
             return
         with self._lock:
             wid = next(self._ids)
-        seed = (self.base_seed + wid) % 2**63
         _LOCAL.group = self
-        _LOCAL.info = WorkerInfo(
-            id=wid,
-            num_workers=self.num_workers,
-            seed=seed,
-            dataset=self.dataset,
-            generator=torch.Generator().manual_seed(seed),
-            random=random.Random(seed),
-        )
+        seed = (self.base_seed + wid) % 2**63
+        _LOCAL.info = _make_info(wid, self.num_workers, seed, self.dataset)
         if self.init_fn is not None:
             self.init_fn(wid)
-
-    def wrap(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """``fn`` run as a worker of this group."""
-
-        def run(arg: Any) -> Any:
-            self.enter()
-            return fn(arg)
-
-        return run

@@ -1,0 +1,118 @@
+"""Module-level (so picklable) datasets and callables for tests/test_dataloader.py."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+
+def make_sample(i: int, kind: str) -> Any:
+    """Sample ``i`` as a tensor, a dict, a tuple or a plain int."""
+    if kind == "tensor":
+        return torch.arange(3, dtype=torch.float32) + 10 * i
+    if kind == "dict":
+        return {"x": torch.full((2,), float(i)), "y": i, "name": f"s{i}"}
+    if kind == "tuple":
+        return (torch.tensor([i, -i]), i * 0.5)
+    if kind == "int":
+        return i
+    raise ValueError(kind)
+
+
+class MapData(Dataset):
+    """Map-style dataset of ``n`` samples of the given kind."""
+
+    def __init__(self, n: int, kind: str = "tensor") -> None:
+        self.n = n
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return make_sample(int(i), self.kind)
+
+
+class IterData(IterableDataset):
+    """Iterable dataset of ``n`` samples of the given kind (with ``__len__``)."""
+
+    def __init__(self, n: int, kind: str = "tensor") -> None:
+        self.n = n
+        self.kind = kind
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        for i in range(self.n):
+            yield make_sample(i, self.kind)
+
+
+def list_collate(samples: list[Any]) -> Any:
+    """A custom collate_fn: keeps the samples, tagged, so the batch structure is visible."""
+    return {"n": len(samples), "samples": list(samples)}
+
+
+def single_collate(sample: Any) -> Any:
+    """A custom collate_fn for ``batch_size=None`` (gets one sample)."""
+    return ("one", sample)
+
+
+class ProcessData(Dataset):
+    """Picklable dataset for ``worker_type="process"``: records the pid that read it."""
+
+    def __init__(self, n: int, with_pid: bool = False) -> None:
+        self.n = n
+        self.with_pid = with_pid
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        sample = {"x": torch.arange(4) * i, "i": i}
+        if self.with_pid:
+            sample["pid"] = os.getpid()
+        return sample
+
+
+class ProcessBadData(ProcessData):
+    """Fails on index ``bad`` with a ``KeyError`` (raised in the worker process)."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int) -> Any:
+        if i == self.bad:
+            raise KeyError(f"no sample {i}")
+        return super().__getitem__(i)
+
+
+class ProcessWorkerInfoData(Dataset):
+    """Returns what ``torch_spdl.get_worker_info()`` and the init hook saw in the worker."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        import torch_spdl
+
+        info = torch_spdl.get_worker_info()
+        return {
+            "i": i,
+            "has_info": info is not None,
+            "init_ran": os.environ.get("_DL_HELPERS_INIT_RAN", "") == str(os.getpid()),
+        }
+
+
+def mark_init(worker_id: int) -> None:
+    """worker_init_fn for process workers: leaves a mark the dataset can read."""
+    os.environ["_DL_HELPERS_INIT_RAN"] = str(os.getpid())

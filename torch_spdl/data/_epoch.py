@@ -1,0 +1,282 @@
+"""One epoch of a DataLoader: builds and owns its pipeline, tracks what was delivered."""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+from collections.abc import Iterator
+from concurrent.futures import Executor, ProcessPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import IterableDataset
+
+from ..pipeline import PipelineBuilder, PipelineFailure
+from ._staged import Stage, StagedDataset
+from ._stages import (
+    BatchError,
+    Collate,
+    FailureBudget,
+    ProcessStep,
+    Rebatch,
+    Tagged,
+    Tokens,
+    slots,
+    stage_op,
+)
+from ._transfer import BatchMover
+from ._worker import WorkerGroup, getitem_in_process, init_process_worker
+
+if TYPE_CHECKING:
+    from ._dataloader import DataLoader
+
+__all__ = ["EpochIterator"]
+
+_END: Any = object()
+
+
+class _StageSpec:
+    __slots__ = ("op", "concurrency", "executor", "name")
+
+    def __init__(self, op: Any, concurrency: int, executor: Executor | None, name: str) -> None:
+        self.op = op
+        self.concurrency = concurrency
+        self.executor = executor
+        self.name = name
+
+
+class EpochIterator:
+    """Iterator over one epoch's batches. Nothing in the pipeline refers back to it, so
+    dropping it stops the pipeline at once."""
+
+    def __init__(self, loader: DataLoader, resume: dict[str, Any] | None) -> None:
+        self._loader = loader
+        self._map_style = not isinstance(loader.dataset, IterableDataset)
+        self._owned_pools: list[Executor] = []
+        self._closed = False
+        self._exhausted = False
+        gen = loader.generator
+        if resume is not None:  # replay the epoch's random draws
+            if gen is not None:
+                gen.set_state(resume["rng_state"])
+            else:
+                torch.set_rng_state(resume["rng_state"])
+        self._rng_state = gen.get_state() if gen is not None else torch.get_rng_state()
+        self._watermark: int = resume["delivered"] if resume else 0  # batches [0, w) delivered
+        self._extra: set[int] = set(resume["extra"]) if resume else set()
+        if self._map_style:
+            indices = iter(loader._index_sampler)
+        # torch draws the workers' base seed from the same generator right after making the
+        # sampler iterator; doing the same keeps the sampler's draws identical to torch's.
+        self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
+        self._budget = FailureBudget(loader.max_failures)
+        self._group = (
+            WorkerGroup(loader.num_workers, self._base_seed, loader.dataset, loader.worker_init_fn)
+            if loader.num_workers > 0
+            else None
+        )
+        if self._map_style:
+            first = next(indices, _END)  # the sampler's own draws happen now, in this thread
+            self._tokens: Tokens | None = Tokens(self._token_count())
+            source: Any = slots(
+                _chain(first, indices),
+                loader._auto_collation,
+                self._watermark,
+                set(self._extra),
+                self._tokens,
+            )
+        else:
+            self._tokens = None
+            source = self._iterable_source()
+        self._pipeline = self._build(source).build(max_failures=0)
+        self._timeout = loader.timeout if loader.timeout > 0 else None
+        self._pipeline.start()  # prefetch from iter() on, as torch's workers do
+        self._iter = self._pipeline.get_iterator(timeout=self._timeout)
+
+    # -- building --------------------------------------------------------------------------
+    def _iterable_source(self) -> Iterator[Any]:
+        loader = self._loader
+        samples = iter(loader.dataset)
+        if self._watermark:  # an IterableDataset can only be skipped by reading it again
+            per_batch = loader.batch_size if loader._auto_collation else 1
+            samples = itertools.islice(samples, self._watermark * per_batch, None)
+        return samples
+
+    def _token_count(self) -> int:
+        """Batches in flight before rebatch: enough to keep every worker of every stage busy."""
+        workers = sum(spec.concurrency for spec in self._stage_specs(dry=True))
+        loader = self._loader
+        per_batch = loader.batch_size if loader._auto_collation and loader.batch_size else 1
+        return -(-workers // per_batch) + 2
+
+    def _build(self, source: Any) -> PipelineBuilder[Any, Any]:
+        loader = self._loader
+        builder = PipelineBuilder().add_source(source)
+        if self._map_style:
+            assert self._tokens is not None
+            for spec in self._stage_specs():  # completion order: rebatch restores the order
+                builder.pipe(
+                    spec.op, concurrency=spec.concurrency, executor=spec.executor, name=spec.name
+                )
+            rebatch = Rebatch(
+                self._tokens, self._budget, loader.in_order, self._watermark, set(self._extra)
+            )
+            builder.pipe(rebatch, name="rebatch")
+        elif loader._auto_collation:
+            builder.aggregate(loader.batch_size, drop_last=loader.drop_last)
+        builder.pipe(
+            Collate(loader.collate_fn, loader._auto_collation, tagged=self._map_style),
+            concurrency=loader.collate_concurrency,
+            output_order="input" if loader.in_order else "completion",
+            name="collate",
+        )
+        mover = BatchMover(loader.device, loader.pin_memory)
+        if mover.active:
+            builder.pipe(Tagged(mover, tagged=self._map_style), name="transfer")
+        buffer = loader.buffer_size or max((loader.prefetch_factor or 2) * loader.num_workers, 2)
+        return builder.add_sink(buffer)
+
+    def _stage_specs(self, dry: bool = False) -> list[_StageSpec]:
+        loader = self._loader
+        dataset = loader.dataset
+        workers = loader._threads
+        if isinstance(dataset, StagedDataset):
+            steps = list(dataset.stages())
+        elif loader.worker_type == "process":
+            steps = [Stage(getitem_in_process, "cpu", name="getitem", executor="process")]
+        else:
+            steps = [Stage(dataset.__getitem__, "cpu", name="getitem")]
+        specs = []
+        for step in steps:
+            name = step.name or getattr(step.fn, "__name__", "stage")
+            if step.concurrency is not None:
+                conc = step.concurrency
+            elif step.kind == "io":
+                conc = loader.io_concurrency or max(workers, 8)
+            else:
+                conc = loader.cpu_concurrency or workers
+            if dry:
+                specs.append(_StageSpec(None, conc, None, name))
+            elif _is_async(step.fn):  # runs on the pipeline's event loop
+                specs.append(_StageSpec(stage_op(step.fn, name, None), conc, None, name))
+            elif step.executor == "process" or loader.worker_type == "process":
+                pool = loader._persistent_executor(self._base_seed) or self._process_pool(conc)
+                specs.append(_StageSpec(ProcessStep(step.fn, name), conc, pool, name))
+            else:
+                pool = loader._persistent_executor(self._base_seed)
+                group = loader._persistent_group(self._group) if pool else self._group
+                specs.append(_StageSpec(stage_op(step.fn, name, group), conc, pool, name))
+        return specs
+
+    def _process_pool(self, workers: int) -> Executor:
+        pool = make_process_pool(self._loader, workers, self._base_seed)
+        self._owned_pools.append(pool)
+        return pool
+
+    # -- consuming -------------------------------------------------------------------------
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        try:
+            item = next(self._iter)
+        except StopIteration:
+            self._exhausted = True
+            self._close()
+            raise
+        except TimeoutError as exc:
+            self._close()
+            raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
+        except PipelineFailure as failure:
+            self._close()
+            cause = failure.__cause__
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
+        except BaseException:
+            self._close()
+            raise
+        b, batch = item if self._map_style else (None, item)
+        if isinstance(batch, BatchError):
+            self._close()
+            raise batch.error
+        self._delivered(b)
+        self._loader.num_failures = self._budget.count
+        return batch
+
+    def _delivered(self, b: int | None) -> None:
+        if b is None or b == self._watermark:
+            self._watermark += 1
+            while self._watermark in self._extra:
+                self._extra.discard(self._watermark)
+                self._watermark += 1
+        else:
+            self._extra.add(b)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._exhausted or self._all_delivered():
+            # The epoch is over: what matters is the RNG state the next epoch starts from.
+            gen = self._loader.generator
+            state = gen.get_state() if gen is not None else torch.get_rng_state()
+            return {"epoch": self._loader._epoch, "rng_state": state, "exhausted": True}
+        return {
+            "epoch": self._loader._epoch,
+            "rng_state": self._rng_state,
+            "delivered": self._watermark,
+            "extra": sorted(self._extra),
+            "exhausted": False,
+        }
+
+    def _all_delivered(self) -> bool:
+        if not self._map_style:
+            return False
+        try:
+            return self._watermark >= len(self._loader._index_sampler)
+        except TypeError:
+            return False
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._tokens is not None:
+            self._tokens.close()
+        self._pipeline.stop()
+        for pool in self._owned_pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._owned_pools = []
+
+    def __del__(self) -> None:
+        if hasattr(self, "_pipeline"):
+            self._close()
+
+
+def make_process_pool(loader: DataLoader, workers: int, base_seed: int) -> ProcessPoolExecutor:
+    """Worker processes that hold the dataset and were initialised as torch's are."""
+    ctx = loader.multiprocessing_context
+    if ctx is None or isinstance(ctx, str):
+        ctx = mp.get_context(ctx)
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=ctx,
+        initializer=init_process_worker,
+        initargs=(loader.dataset, ctx.Value("i", 0), workers, base_seed, loader.worker_init_fn),
+    )
+
+
+def _is_async(fn: Any) -> bool:
+    import inspect
+
+    return inspect.iscoroutinefunction(fn)
+
+
+def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    if first is _END:
+        return
+    yield first
+    yield from rest

@@ -1,0 +1,275 @@
+"""The pieces a DataLoader epoch is built from: slots, stage wrappers, rebatch, collate.
+
+Every sample travels as a :class:`Slot` (its batch number and place in the batch). A
+stage that fails does not raise into the engine: it records the error on the slot, and
+``rebatch`` decides, in batch order, whether the sample is skipped (within the failure
+budget) or the batch carries the error to the consumer, which raises it when that batch's
+turn comes: every batch before it is still delivered, as with torch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ._worker import WorkerGroup
+
+__all__ = [
+    "BatchError",
+    "Collate",
+    "FailureBudget",
+    "ProcessStep",
+    "Rebatch",
+    "Slot",
+    "Tagged",
+    "Tokens",
+    "slots",
+    "stage_op",
+]
+
+_LG = logging.getLogger("torch_spdl.data")
+
+
+class Slot:
+    """A sample on its way through the stages: which batch, which place, its value."""
+
+    __slots__ = ("batch", "size", "pos", "index", "value", "error")
+
+    def __init__(self, batch: int, size: int, pos: int, index: Any) -> None:
+        self.batch = batch
+        self.size = size
+        self.pos = pos
+        self.index = index
+        self.value: Any = index
+        self.error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"sample(index={self.index!r}, batch={self.batch})"
+
+
+class BatchError:
+    """Stands in for a batch whose loading failed; the consumer raises ``error``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _note(exc: BaseException, stage: str, slot: Slot, where: str = "") -> BaseException:
+    exc.add_note(
+        f"torch_spdl.DataLoader: stage {stage!r} failed on sample index {slot.index!r}{where}"
+    )
+    return exc
+
+
+def stage_op(
+    fn: Callable[[Any], Any], name: str, group: WorkerGroup | None
+) -> Callable[[Slot], Any]:
+    """One step of ``__getitem__`` as a pipeline op on slots (sync or async like ``fn``)."""
+    if inspect.iscoroutinefunction(fn):
+
+        async def run_async(slot: Slot) -> Slot:
+            if slot.error is None and slot.size:
+                try:
+                    slot.value = await fn(slot.value)
+                except Exception as exc:
+                    slot.error = _note(exc, name, slot)
+            return slot
+
+        return run_async
+
+    def run(slot: Slot) -> Slot:
+        if slot.error is None and slot.size:  # size 0: the stand-in of an empty batch
+            if group is not None:
+                group.enter()
+            try:
+                slot.value = fn(slot.value)
+            except Exception as exc:
+                slot.error = _note(exc, name, slot)
+        return slot
+
+    return run
+
+
+class ProcessStep:
+    """A step run in a worker process (picklable, so ``fn`` must be too)."""
+
+    def __init__(self, fn: Callable[[Any], Any], name: str) -> None:
+        self.fn = fn
+        self.name = name
+
+    def __call__(self, slot: Slot) -> Slot:
+        if slot.error is None and slot.size:
+            try:
+                slot.value = self.fn(slot.value)
+            except Exception as exc:
+                slot.error = _note(exc, self.name, slot, " (in a worker process)")
+                try:  # the slot goes back to the parent: make sure the error can travel
+                    import pickle
+
+                    pickle.dumps(slot.error)
+                except Exception:
+                    slot.error = RuntimeError("".join(traceback.format_exception(exc)))
+        return slot
+
+
+class FailureBudget:
+    """How many samples may fail and be skipped before an error reaches the caller."""
+
+    def __init__(self, allowed: int) -> None:
+        self.allowed = allowed
+        self.count = 0
+
+    def spend(self) -> bool:
+        if self.count >= self.allowed:
+            return False
+        self.count += 1
+        return True
+
+
+class Tokens:
+    """Bounds the batches between the source and the end of ``rebatch``.
+
+    The per-sample stages run in completion order (cheap with many threads) and
+    ``rebatch`` restores the batch order; without this bound, one stalled sample would let
+    the source run arbitrarily far ahead while later batches pile up behind it.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._sem = threading.Semaphore(count)
+        self._closed = False
+
+    def take(self) -> bool:
+        self._sem.acquire()
+        return not self._closed
+
+    def give(self) -> None:
+        self._sem.release()
+
+    def close(self) -> None:
+        self._closed = True
+        self._sem.release(1 << 20)  # wake a source waiting for a token, whatever the count
+
+
+_MISSING: Any = object()
+
+
+class Rebatch:
+    """Regroups samples into the batches the sampler made, yielding ``(batch number,
+    samples or BatchError)``; in sampler order when ``ordered``. Runs on one thread."""
+
+    def __init__(
+        self, tokens: Tokens, budget: FailureBudget, ordered: bool, first: int, skip: set[int]
+    ) -> None:
+        self._tokens = tokens
+        self._budget = budget
+        self._ordered = ordered
+        self._next = first
+        self._skip = skip
+        self._open: dict[int, list[Any]] = {}
+        self._filled: dict[int, int] = {}
+        self._done: dict[int, Any] = {}
+        self._advance()
+
+    def _advance(self) -> None:
+        while self._next in self._skip:
+            self._next += 1
+
+    def __call__(self, slot: Slot) -> Iterator[tuple[int, Any]]:
+        b = slot.batch
+        samples = self._open.get(b)
+        if samples is None:
+            samples = self._open[b] = [_MISSING] * slot.size
+            self._filled[b] = 0
+        if slot.size:
+            samples[slot.pos] = slot
+            self._filled[b] += 1
+            if self._filled[b] < slot.size:
+                return
+        del self._open[b], self._filled[b]
+        if not self._ordered:
+            self._tokens.give()
+            yield from self._finish(b, samples)
+            return
+        self._done[b] = samples
+        while self._next in self._done:
+            self._tokens.give()
+            yield from self._finish(self._next, self._done.pop(self._next))
+            self._next += 1
+            self._advance()
+
+    def _finish(self, b: int, slots: list[Slot]) -> Iterator[tuple[int, Any]]:
+        """Skip failed samples within the budget (in batch order, so deterministically)."""
+        values = []
+        for slot in slots:
+            if slot.error is None:
+                values.append(slot.value)
+            elif self._budget.spend():
+                _LG.warning("skipped %r: %s", slot, slot.error)
+            else:
+                yield b, BatchError(slot.error)
+                return
+        if slots and not values:
+            _LG.warning("skipped batch %d: every sample in it failed", b)
+            return
+        yield b, values
+
+
+class Collate:
+    """``collate_fn`` as a stage; a failure becomes a BatchError naming the batch."""
+
+    def __init__(self, collate_fn: Callable[[Any], Any], auto: bool, tagged: bool) -> None:
+        self.collate_fn = collate_fn
+        self.auto = auto
+        self.tagged = tagged
+
+    def __call__(self, item: Any) -> Any:
+        b, samples = item if self.tagged else (None, item)
+        if isinstance(samples, BatchError):
+            return item
+        try:
+            batch = self.collate_fn(samples if self.auto or not self.tagged else samples[0])
+        except Exception as exc:
+            where = f" on batch {b}" if b is not None else ""
+            exc.add_note(f"torch_spdl.DataLoader: stage 'collate' failed{where}")
+            batch = BatchError(exc)
+        return (b, batch) if self.tagged else batch
+
+
+class Tagged:
+    """Applies ``fn`` to the batch of a ``(batch number, batch)`` pair (or a bare batch)."""
+
+    def __init__(self, fn: Callable[[Any], Any], tagged: bool) -> None:
+        self.fn = fn
+        self.tagged = tagged
+
+    def __call__(self, item: Any) -> Any:
+        b, batch = item if self.tagged else (None, item)
+        if not isinstance(batch, BatchError):
+            batch = self.fn(batch)
+        return (b, batch) if self.tagged else batch
+
+
+def slots(
+    chosen: Iterator[Any], auto_collation: bool, done: int, skip: set[int], tokens: Tokens
+) -> Iterator[Slot]:
+    """Per-sample slots for every batch not yet delivered (batches ``< done`` and in
+    ``skip`` were delivered before a restore: their samples are never read again)."""
+    for b, indices in enumerate(chosen):
+        if b < done or b in skip:
+            continue
+        if not tokens.take():
+            return
+        if not auto_collation:
+            yield Slot(b, 1, 0, indices)
+            continue
+        size = len(indices)
+        if size == 0:
+            yield Slot(b, 0, 0, None)  # an empty batch still goes to collate_fn, as in torch
+        for pos, index in enumerate(indices):
+            yield Slot(b, size, pos, index)
