@@ -21,6 +21,7 @@ from typing import Any, Literal
 import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
 
+from ._collate import RecyclingCollate
 from ._epoch import EpochIterator, make_process_pool
 from ._worker import WorkerGroup
 
@@ -118,6 +119,7 @@ class DataLoader(_TorchDataLoader):
         self._executor: Executor | None = None  # persistent workers
         self._executor_finalizer: weakref.finalize | None = None
         self._group: WorkerGroup | None = None
+        self._collate: RecyclingCollate | None = None
 
     def check_worker_number_rationality(self) -> None:
         # torch warns when num_workers exceeds the cores; threads waiting on I/O are cheap,
@@ -152,6 +154,12 @@ class DataLoader(_TorchDataLoader):
                 self, self._executor.shutdown, wait=True, cancel_futures=True
             )
         return self._executor
+
+    def _recycling_collate(self, limit: int) -> RecyclingCollate:
+        """``default_collate`` into buffers that this loader reuses across epochs."""
+        if self._collate is None:
+            self._collate = RecyclingCollate(limit)
+        return self._collate
 
     def _persistent_group(self, first: WorkerGroup) -> WorkerGroup:
         """Persistent workers keep their ids (and ran ``worker_init_fn`` once)."""

@@ -12,6 +12,8 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ..pipeline import PipelineBuilder, PipelineFailure
+from ._collate import is_default_collate
+from ._sampling import index_batches
 from ._staged import Stage, StagedDataset
 from ._stages import (
     BatchError,
@@ -19,8 +21,10 @@ from ._stages import (
     FailureBudget,
     ProcessStep,
     Rebatch,
+    RebatchCollate,
     Tagged,
     Tokens,
+    load_inline,
     slots,
     stage_op,
 )
@@ -65,7 +69,7 @@ class EpochIterator:
         self._watermark: int = resume["delivered"] if resume else 0  # batches [0, w) delivered
         self._extra: set[int] = set(resume["extra"]) if resume else set()
         if self._map_style:
-            indices = iter(loader._index_sampler)
+            indices = index_batches(loader._index_sampler)
         # torch draws the workers' base seed from the same generator right after making the
         # sampler iterator; doing the same keeps the sampler's draws identical to torch's.
         self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
@@ -111,30 +115,62 @@ class EpochIterator:
 
     def _build(self, source: Any) -> PipelineBuilder[Any, Any]:
         loader = self._loader
-        builder = PipelineBuilder().add_source(source)
-        if self._map_style:
+        cc = loader.collate_concurrency
+        ordered = "input" if loader.in_order else "completion"
+        collate_fn = loader.collate_fn
+        if is_default_collate(collate_fn):
+            # buffers in use: the sink, the collate workers, the consumer's batch, one spare
+            collate_fn = loader._recycling_collate(self._buffer_size() + cc + 2)
+        collate = Collate(collate_fn, loader._auto_collation, tagged=self._map_style)
+        # Queues of batches hold just enough for their stage's workers: batches are large.
+        batch_queue = cc + 1
+        if not self._map_style:
+            builder = PipelineBuilder().add_source(source)
+            if loader._auto_collation:
+                builder.aggregate(loader.batch_size, drop_last=loader.drop_last)
+            builder.pipe(collate, concurrency=cc, output_order=ordered, name="collate")
+        else:
             assert self._tokens is not None
-            for spec in self._stage_specs():  # completion order: rebatch restores the order
-                builder.pipe(
-                    spec.op, concurrency=spec.concurrency, executor=spec.executor, name=spec.name
-                )
             rebatch = Rebatch(
                 self._tokens, self._budget, loader.in_order, self._watermark, set(self._extra)
             )
-            builder.pipe(rebatch, name="rebatch")
-        elif loader._auto_collation:
-            builder.aggregate(loader.batch_size, drop_last=loader.drop_last)
-        builder.pipe(
-            Collate(loader.collate_fn, loader._auto_collation, tagged=self._map_style),
-            concurrency=loader.collate_concurrency,
-            output_order="input" if loader.in_order else "completion",
-            name="collate",
-        )
+            specs = self._stage_specs()
+            inline = (
+                loader.num_workers == 0
+                and loader.worker_type == "thread"
+                and not isinstance(loader.dataset, StagedDataset)
+            )
+            if inline:
+                fused = RebatchCollate(rebatch, collate)
+                builder = PipelineBuilder().add_source(load_inline(source, specs[0].op, fused))
+            else:
+                builder = PipelineBuilder().add_source(source)
+                for spec in specs:  # completion order: rebatch restores the order
+                    builder.pipe(
+                        spec.op,
+                        concurrency=spec.concurrency,
+                        executor=spec.executor,
+                        name=spec.name,
+                    )
+                if cc == 1:
+                    builder.pipe(RebatchCollate(rebatch, collate), name="rebatch+collate")
+                else:
+                    builder.pipe(rebatch, name="rebatch")
+                    builder.pipe(
+                        collate,
+                        concurrency=cc,
+                        output_order=ordered,
+                        name="collate",
+                        queue_size=batch_queue,
+                    )
         mover = BatchMover(loader.device, loader.pin_memory)
         if mover.active:
-            builder.pipe(Tagged(mover, tagged=self._map_style), name="transfer")
-        buffer = loader.buffer_size or max((loader.prefetch_factor or 2) * loader.num_workers, 2)
-        return builder.add_sink(buffer)
+            builder.pipe(Tagged(mover, tagged=self._map_style), name="transfer", queue_size=2)
+        return builder.add_sink(self._buffer_size())
+
+    def _buffer_size(self) -> int:
+        loader = self._loader
+        return loader.buffer_size or max((loader.prefetch_factor or 2) * loader.num_workers, 2)
 
     def _stage_specs(self, dry: bool = False) -> list[_StageSpec]:
         loader = self._loader

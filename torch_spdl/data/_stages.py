@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._worker import WorkerGroup
+from ._worker import WorkerGroup, single_threaded_ops
 
 __all__ = [
     "BatchError",
@@ -24,11 +24,13 @@ __all__ = [
     "FailureBudget",
     "ProcessStep",
     "Rebatch",
+    "RebatchCollate",
     "Slot",
     "Tagged",
     "Tokens",
     "slots",
     "stage_op",
+    "load_inline",
 ]
 
 _LG = logging.getLogger("torch_spdl.data")
@@ -85,6 +87,7 @@ def stage_op(
 
     def run(slot: Slot) -> Slot:
         if slot.error is None and slot.size:  # size 0: the stand-in of an empty batch
+            single_threaded_ops()
             if group is not None:
                 group.enter()
             try:
@@ -153,7 +156,7 @@ class Tokens:
 
     def close(self) -> None:
         self._closed = True
-        self._sem.release(1 << 20)  # wake a source waiting for a token, whatever the count
+        self._sem.release()  # the one source thread may be waiting: wake it to see `closed`
 
 
 _MISSING: Any = object()
@@ -232,6 +235,7 @@ class Collate:
         b, samples = item if self.tagged else (None, item)
         if isinstance(samples, BatchError):
             return item
+        single_threaded_ops()
         try:
             batch = self.collate_fn(samples if self.auto or not self.tagged else samples[0])
         except Exception as exc:
@@ -239,6 +243,28 @@ class Collate:
             exc.add_note(f"torch_spdl.DataLoader: stage 'collate' failed{where}")
             batch = BatchError(exc)
         return (b, batch) if self.tagged else batch
+
+
+class RebatchCollate:
+    """Rebatch and collate fused in one stage (one thread hop fewer per batch)."""
+
+    def __init__(self, rebatch: Rebatch, collate: Collate) -> None:
+        self.rebatch = rebatch
+        self.collate = collate
+
+    def __call__(self, slot: Slot) -> Iterator[Any]:
+        for item in self.rebatch(slot):
+            yield self.collate(item)
+
+
+def load_inline(
+    samples: Iterator[Slot], getitem: Callable[[Slot], Slot], fused: RebatchCollate
+) -> Iterator[Any]:
+    """``num_workers=0``: sample, load, batch and collate on the source's thread (like
+    torch's single-process loading, but in the background), so each batch crosses one
+    thread boundary, not each sample."""
+    for slot in samples:
+        yield from fused(getitem(slot))
 
 
 class Tagged:

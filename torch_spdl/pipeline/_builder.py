@@ -46,6 +46,7 @@ class PipeConfig:
     output_order: OutputOrder = "completion"
     name: str | None = None
     max_failures: int | None = None
+    queue_size: int | None = None
 
     @property
     def kind(self) -> OpKind:
@@ -134,6 +135,7 @@ class PipelineBuilder(Generic[T, U]):
         name: str | None = None,
         output_order: OutputOrder = "completion",
         max_failures: int | None = None,
+        queue_size: int | None = None,
     ) -> PipelineBuilder[T, U]:
         """Apply ``op`` to every item.
 
@@ -145,7 +147,8 @@ class PipelineBuilder(Generic[T, U]):
         ``ProcessPoolExecutor`` for processes) with at most ``concurrency`` items in flight.
         Async ops run on the pipeline's event loop as ``concurrency`` coroutines.
         ``output_order="input"`` keeps the input order; ``"completion"`` emits as finished.
-        ``max_failures`` overrides the value given to :meth:`build` for this stage.
+        ``max_failures`` overrides the value given to :meth:`build` for this stage, and
+        ``queue_size`` the capacity of this stage's input queue.
         """
         _, kind = classify_op(op)
         if not isinstance(concurrency, int) or concurrency < 1:
@@ -157,7 +160,11 @@ class PipelineBuilder(Generic[T, U]):
                 f"op {op_name(op)!r} is async: it runs on the pipeline's event loop, "
                 "so it takes no executor"
             )
-        self._stages.append(PipeConfig(op, concurrency, executor, output_order, name, max_failures))
+        if queue_size is not None and (not isinstance(queue_size, int) or queue_size < 1):
+            raise ValueError(f"queue_size must be a positive int, got {queue_size!r}")
+        self._stages.append(
+            PipeConfig(op, concurrency, executor, output_order, name, max_failures, queue_size)
+        )
         return self
 
     def aggregate(self, num_items: int, /, *, drop_last: bool = False) -> PipelineBuilder[T, U]:
@@ -247,7 +254,8 @@ def build_pipeline(
     channels: list[Channel[Any]] = []
     depth = 0  # how many aggregates deep: > 0 means the items are batches
     for i, spec in enumerate(config.stages):
-        capacity = queue_size or queue_capacity(workers[i], batched=depth > 0)
+        own = spec.queue_size if isinstance(spec, PipeConfig) else None
+        capacity = own or queue_size or queue_capacity(workers[i], batched=depth > 0)
         channels.append(Channel(capacity, name=f"{i + 1}:{spec.label()} input"))
         if isinstance(spec, AggregateConfig):
             depth += 1

@@ -1,0 +1,92 @@
+"""torch's ``default_collate``, stacking tensors into recycled buffers.
+
+A batch of large samples is a large fresh allocation. Allocated on a worker thread, glibc
+serves it from fresh pages every time (its per-thread arenas do not keep them), and
+faulting those pages in costs more than the copy itself (measured here: 2.7 ms against
+0.56 ms for a 4.7 MB batch). So batches are stacked into buffers that are reused once the
+consumer has dropped every tensor that views them.
+
+A buffer is a NumPy array; the batch is ``torch.from_numpy(buffer)``, whose storage holds a
+reference to the array for as long as any tensor or view of the batch lives. When the
+array's reference count is back to the pool's own, nothing can see it any more.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
+
+__all__ = ["RecyclingCollate"]
+
+_MIN_BYTES = 1 << 20  # smaller batches are cheap to allocate: not worth pooling
+
+
+def _numpy_dtype(dtype: torch.dtype) -> Any:
+    try:
+        return torch.empty((), dtype=dtype).numpy().dtype
+    except (TypeError, RuntimeError):
+        return None  # bfloat16 and friends have no NumPy twin
+
+
+class _Pool:
+    """Buffers by (shape, dtype); at most ``limit`` of each kind exist at once."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._buffers: dict[tuple[Any, ...], list[np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        np_dtype = _numpy_dtype(dtype)
+        if np_dtype is None:
+            return None
+        key = (shape, dtype)
+        with self._lock:
+            buffers = self._buffers.setdefault(key, [])
+            for array in buffers:
+                # references: the list, the loop variable, getrefcount's argument
+                if sys.getrefcount(array) <= 3:
+                    return torch.from_numpy(array)
+            if len(buffers) >= self.limit:
+                return None
+            array = np.empty(shape, dtype=np_dtype)
+            buffers.append(array)
+            return torch.from_numpy(array)
+
+
+class RecyclingCollate:
+    """Same output as ``default_collate``; large tensor batches land in reused buffers."""
+
+    def __init__(self, limit: int) -> None:
+        self._pool = _Pool(limit)
+        self._map = dict(default_collate_fn_map)
+        self._map[torch.Tensor] = self._stack
+
+    def _stack(self, batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
+        first = batch[0]
+        shape = (len(batch), *first.shape)
+        if (
+            first.layout is not torch.strided
+            or first.device.type != "cpu"
+            or first.element_size() * first.numel() * len(batch) < _MIN_BYTES
+            or any(t.shape != first.shape or t.dtype != first.dtype for t in batch)
+        ):
+            return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+        out = self._pool.take(shape, first.dtype)
+        if out is None:
+            return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
+        return torch.stack(list(batch), 0, out=out)
+
+    def __call__(self, batch: Any) -> Any:
+        return collate(batch, collate_fn_map=self._map)
+
+
+def is_default_collate(fn: Any) -> bool:
+    return fn is default_collate
