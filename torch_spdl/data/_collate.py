@@ -6,8 +6,9 @@ faulting those pages in costs more than the copy itself (measured here: 2.7 ms a
 0.56 ms for a 4.7 MB batch). So batches are stacked into buffers that are reused once the
 consumer has dropped every tensor that views them.
 
-A buffer is a NumPy array; the batch is ``torch.from_numpy(buffer)``, whose storage holds a
-reference to the array for as long as any tensor or view of the batch lives. When the
+A buffer is a NumPy view of a torch allocation; the batch is ``torch.from_numpy(buffer)``,
+whose storage holds a reference to the array for as long as any tensor or view of the
+batch lives. When the
 array's reference count is back to the pool's own, nothing can see it any more.
 """
 
@@ -44,8 +45,7 @@ class _Pool:
         self._lock = threading.Lock()
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-        np_dtype = _numpy_dtype(dtype)
-        if np_dtype is None:
+        if _numpy_dtype(dtype) is None:
             return None
         key = (shape, dtype)
         with self._lock:
@@ -56,7 +56,9 @@ class _Pool:
                     return torch.from_numpy(array)
             if len(buffers) >= self.limit:
                 return None
-            array = np.empty(shape, dtype=np_dtype)
+            # torch allocates (NumPy asks for huge pages, several times slower to fault in
+            # here); the array is only the handle whose reference count tells who uses it.
+            array = torch.empty(shape, dtype=dtype).numpy()
             buffers.append(array)
             return torch.from_numpy(array)
 
