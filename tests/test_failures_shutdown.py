@@ -22,6 +22,7 @@ import time
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 
 import pytest
+from _sync import Gate
 
 from torch_spdl.pipeline import (
     PipelineBuilder,
@@ -74,40 +75,6 @@ def _stage(pipeline, fragment):
     matches = [s for s in pipeline.get_stats() if fragment in s.name]
     assert len(matches) == 1, [s.name for s in pipeline.get_stats()]
     return matches[0]
-
-
-class Gate:
-    """A one-shot event that both threads and coroutines can wait on."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._event = threading.Event()
-        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
-
-    def set(self) -> None:
-        with self._lock:
-            self._event.set()
-            waiters, self._async_waiters = self._async_waiters, []
-        for loop, event in waiters:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:
-                pass
-
-    def wait(self, timeout: float = WAIT) -> bool:
-        return self._event.wait(timeout)
-
-    async def await_(self, timeout: float = WAIT) -> bool:
-        with self._lock:
-            if self._event.is_set():
-                return True
-            event = asyncio.Event()
-            self._async_waiters.append((asyncio.get_running_loop(), event))
-        waiter = asyncio.ensure_future(event.wait())
-        done, _ = await asyncio.wait({waiter}, timeout=timeout)  # no TimeoutError: 3.10-safe
-        if not done:
-            waiter.cancel()
-        return bool(done)
 
 
 # ---------------------------------------------------------------------------------------

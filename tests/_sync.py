@@ -1,0 +1,45 @@
+"""Synchronisation helpers shared by the engine tests (events, never sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+WAIT = 10.0  # generous upper bound for any wait in a test; a bug fails instead of hanging
+
+
+class Gate:
+    """A one-shot event that both threads and coroutines (on any loop) can wait on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+    def set(self) -> None:
+        with self._lock:
+            self._event.set()
+            waiters, self._async_waiters = self._async_waiters, []
+        for loop, event in waiters:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop is closed already
+                pass
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float = WAIT) -> bool:
+        return self._event.wait(timeout)
+
+    async def await_(self, timeout: float = WAIT) -> bool:
+        with self._lock:
+            if self._event.is_set():
+                return True
+            event = asyncio.Event()
+            self._async_waiters.append((asyncio.get_running_loop(), event))
+        waiter = asyncio.ensure_future(event.wait())
+        done, _ = await asyncio.wait({waiter}, timeout=timeout)  # no TimeoutError: 3.10-safe
+        if not done:
+            waiter.cancel()
+        return bool(done)
