@@ -94,7 +94,9 @@ class EpochIterator:
             source = self._iterable_source()
         self._pipeline = self._build(source).build(max_failures=0)
         self._timeout = loader.timeout if loader.timeout > 0 else None
-        self._pipeline.start()  # prefetch from iter() on, as torch's workers do
+        # The pipeline starts at the first next(), as torch's single-process iterator does:
+        # code that calls iter() twice on a loader whose batch sampler is its own iterator
+        # (Lightning's predict loop does) must not have the unused first epoch pull from it.
         self._iter = self._pipeline.get_iterator(timeout=self._timeout)
 
     # -- building --------------------------------------------------------------------------
@@ -276,6 +278,10 @@ class EpochIterator:
         except TypeError:
             return False
 
+    def close(self) -> None:
+        """Stop this epoch's pipeline now; the iterator then ends."""
+        self._close()
+
     def _close(self) -> None:
         if self._closed:
             return
@@ -312,7 +318,10 @@ def _is_async(fn: Any) -> bool:
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
+    """``first`` then the rest of ``rest``, without calling ``iter(rest)`` again: a batch
+    sampler that is its own iterator (Lightning's) restarts when iterated anew."""
     if first is _END:
         return
     yield first
-    yield from rest
+    while (item := next(rest, _END)) is not _END:
+        yield item

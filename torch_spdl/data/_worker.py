@@ -107,6 +107,16 @@ def getitem_in_process(index: Any) -> Any:
     return PROCESS_DATASET[index]
 
 
+def _reseeds_process(fn: Callable[[int], None] | None) -> bool:
+    """Lightning's ``pl_worker_init_function`` (what ``seed_everything(workers=True)``
+    attaches) reseeds the process-wide RNGs: right in a worker process, wrong in a thread
+    of the training process, whose RNGs it would reseed mid-run."""
+    target = getattr(fn, "func", fn)
+    return getattr(target, "__name__", "") == "pl_worker_init_function" and getattr(
+        target, "__module__", ""
+    ).startswith(("lightning", "pytorch_lightning"))
+
+
 class WorkerGroup:
     """Hands out worker ids to the threads of one loader epoch (or of persistent workers)."""
 
@@ -120,7 +130,8 @@ class WorkerGroup:
         self.num_workers = num_workers
         self.base_seed = base_seed
         self.dataset = dataset
-        self.init_fn = init_fn
+        # Worker threads are seeded through their WorkerInfo generators instead.
+        self.init_fn = None if _reseeds_process(init_fn) else init_fn
         self._ids = itertools.count()
         self._lock = threading.Lock()
 

@@ -1,0 +1,233 @@
+"""``StagedDataModule``: a LightningDataModule whose loaders are staged torch_spdl pipelines."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import Dataset, DistributedSampler
+
+from ..data import DataLoader, StagedDataset
+from ..source import DistributedRandomSampler
+
+__all__ = ["FunctionDataset", "LightningDistributedRandomSampler", "StagedDataModule"]
+
+_SPLITS = ("train", "val", "test", "predict")
+
+
+class FunctionDataset(StagedDataset):
+    """A :class:`~torch_spdl.StagedDataset` made of functions: sample ``i`` is
+    ``process(load(keys[i]))``. ``load`` (I/O) may be ``async def``; ``process`` (CPU) is
+    optional. ``keys`` is any sequence (paths, URLs, ids) or an int ``n`` for ``range(n)``."""
+
+    def __init__(
+        self,
+        keys: Sequence[Any] | int,
+        load: Callable[[Any], Any],
+        process: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.keys = range(keys) if isinstance(keys, int) else keys
+        self.load_fn = load
+        self.process_fn = process
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def load(self, index: int) -> Any:
+        return self.load_fn(self.keys[index])
+
+    async def _load_async(self, index: int) -> Any:
+        return await self.load_fn(self.keys[index])
+
+    def process(self, raw: Any) -> Any:
+        return raw if self.process_fn is None else self.process_fn(raw)
+
+    def stages(self):  # type: ignore[override]
+        from ..data import Stage
+
+        load = self._load_async if inspect.iscoroutinefunction(self.load_fn) else self.load
+        steps = [Stage(load, "io", name="load")]
+        if self.process_fn is not None:
+            steps.append(Stage(self.process, "cpu", name="process"))
+        return steps
+
+
+class LightningDistributedRandomSampler(DistributedRandomSampler, DistributedSampler):
+    """:class:`~torch_spdl.source.DistributedRandomSampler` that Lightning recognises as
+    already distributed.
+
+    Lightning wraps every sampler that is not a ``DistributedSampler`` in its own
+    ``DistributedSamplerWrapper`` when the Trainer is distributed, which would shard the
+    already sharded indices a second time. This class only adds the ``isinstance`` answer and
+    the ``num_replicas`` name Lightning reads; sampling is ``DistributedRandomSampler``'s.
+    """
+
+    __init__ = DistributedRandomSampler.__init__
+    __iter__ = DistributedRandomSampler.__iter__
+    __len__ = DistributedRandomSampler.__len__
+    set_epoch = DistributedRandomSampler.set_epoch
+
+    @property
+    def num_replicas(self) -> int:
+        return self.world_size
+
+
+class StagedDataModule(pl.LightningDataModule):
+    """A DataModule for staged datasets, with resumable loaders.
+
+    Pass the datasets (any map-style dataset; a :class:`~torch_spdl.StagedDataset` gets its
+    ``load`` / ``process`` stages run with ``io_concurrency`` / ``cpu_concurrency``), or build
+    them from functions with :meth:`from_functions`. Subclasses may instead assign
+    ``self.train_dataset`` (and ``val_dataset``, ``test_dataset``, ``predict_dataset``) in
+    ``setup()``.
+
+    Training is shuffled by a :class:`LightningDistributedRandomSampler` (``seed``; a new
+    order each epoch through Lightning's ``set_epoch``), which shards by the Trainer's rank
+    when distributed. Validation, test and predict keep index order (Lightning adds its
+    ``DistributedSampler`` to them under DDP, as for any DataLoader). The DataModule's
+    ``state_dict`` holds the training loader's resumable state, counted in batches the model
+    received (Lightning does not fetch ahead of ``training_step`` on a loader with a length),
+    so resuming from a mid-epoch checkpoint delivers exactly the rest of the epoch.
+
+    ``seed_everything(workers=True)`` is safe: the loader does not run Lightning's
+    process-wide reseeding in its worker threads (see ``docs/lightning.md``).
+    Other keyword arguments go to every :class:`torch_spdl.DataLoader`.
+    """
+
+    def __init__(
+        self,
+        train: Dataset | None = None,
+        val: Dataset | None = None,
+        test: Dataset | None = None,
+        predict: Dataset | None = None,
+        *,
+        batch_size: int = 32,
+        io_concurrency: int = 8,
+        cpu_concurrency: int = 2,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        seed: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        worker_init_fn: Callable[[int], None] | None = None,
+        **loader_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        self.train_dataset = train
+        self.val_dataset = val
+        self.test_dataset = test
+        self.predict_dataset = predict
+        self.batch_size = batch_size
+        self.io_concurrency = io_concurrency
+        self.cpu_concurrency = cpu_concurrency
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = seed
+        self.collate_fn = collate_fn
+        self.worker_init_fn = worker_init_fn
+        self.loader_kwargs = loader_kwargs
+        self._train_loader: DataLoader | None = None
+        self._pending_state: dict[str, Any] | None = None
+        if type(self).setup is pl.LightningDataModule.setup:  # datasets are final now
+            for split in ("val", "test", "predict"):
+                if getattr(self, f"{split}_dataset") is None:
+                    # Lightning then treats the hook as not defined and skips the stage,
+                    # instead of warning about a loader of length zero.
+                    hook = f"{split}_dataloader"
+                    setattr(self, hook, getattr(super(), hook))
+
+    @classmethod
+    def from_functions(
+        cls,
+        load: Callable[[Any], Any],
+        process: Callable[[Any], Any] | None = None,
+        *,
+        train: Sequence[Any] | int | None = None,
+        val: Sequence[Any] | int | None = None,
+        test: Sequence[Any] | int | None = None,
+        predict: Sequence[Any] | int | None = None,
+        **kwargs: Any,
+    ) -> StagedDataModule:
+        """Each split is a sequence of keys (or a count); sample = ``process(load(key))``."""
+        splits = {"train": train, "val": val, "test": test, "predict": predict}
+        datasets = {
+            name: None if keys is None else FunctionDataset(keys, load, process)
+            for name, keys in splits.items()
+        }
+        return cls(**datasets, **kwargs)
+
+    # -- loaders ---------------------------------------------------------------------------
+    def _loader(self, dataset: Dataset | None, split: str, **kwargs: Any) -> Any:
+        if dataset is None:  # Lightning reads an empty list as "no such loader"
+            return []
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            num_workers=self.cpu_concurrency,  # the threads running the CPU stage
+            io_concurrency=self.io_concurrency,
+            cpu_concurrency=self.cpu_concurrency,
+            collate_fn=self.collate_fn,
+            worker_init_fn=self.worker_init_fn,
+            in_order=True,
+            **{**self.loader_kwargs, **kwargs},
+        )
+
+    def _rank_and_world(self) -> tuple[int | None, int | None]:
+        trainer = self._trainer_or_none()
+        if trainer is None:
+            return None, None  # DistributedRandomSampler detects them
+        return trainer.global_rank, trainer.world_size
+
+    def _trainer_or_none(self) -> pl.Trainer | None:
+        return getattr(self, "trainer", None)
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = self.train_dataset
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__} has no train dataset")
+        rank, world = self._rank_and_world()
+        sampler = LightningDistributedRandomSampler(
+            len(dataset),  # type: ignore[arg-type]
+            rank=rank,
+            world_size=world,
+            seed=self.seed,
+            drop_last=self.drop_last,
+            shuffle=self.shuffle,
+        )
+        loader = self._loader(dataset, "train", sampler=sampler)
+        if self._pending_state is not None:
+            loader.load_state_dict(self._pending_state)
+            self._pending_state = None
+        self._train_loader = loader
+        return loader
+
+    def val_dataloader(self) -> Any:
+        return self._loader(self.val_dataset, "val")
+
+    def test_dataloader(self) -> Any:
+        return self._loader(self.test_dataset, "test")
+
+    def predict_dataloader(self) -> Any:
+        return self._loader(self.predict_dataset, "predict")
+
+    # -- resumable state -------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The training loader's position (batches the model received this epoch)."""
+        if self._train_loader is None:
+            return {}
+        return {"train_loader": self._train_loader.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Resume: the next training loader (or the current one) continues where it was."""
+        state = state_dict.get("train_loader")
+        if state is None:
+            return
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict(state)
+        else:
+            self._pending_state = state
+
+    def teardown(self, stage: str) -> None:
+        if self._train_loader is not None and stage == "fit":
+            self._train_loader.shutdown()
