@@ -115,10 +115,6 @@ class Channel(Generic[T]):
     def __len__(self) -> int:
         return len(self._items)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     # -- producer side -------------------------------------------------------------------
     def _try_put(self, item: T) -> bool:
         """Put without waiting; False when the channel is full."""
