@@ -35,6 +35,8 @@ __all__ = ["Pipeline", "PipelineBuilder", "PipelineFailure", "__version__", *_LA
 
 
 def __getattr__(name: str) -> Any:
+    if name in ("io", "source", "data", "lightning"):  # subpackages, imported on first use
+        return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module 'torch_spdl' has no attribute {name!r}")

@@ -1,0 +1,328 @@
+"""torch_spdl.io: decoding against PIL, batching layout, zero-copy views, errors, GIL."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import torch_spdl.io as tio
+from torch_spdl.pipeline import PipelineBuilder, PipelineFailure
+
+
+def _picture(h: int, w: int, seed: int = 0, noise: int = 12) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([x * 255 // w, y * 255 // h, (x + y + seed * 37) % 256], -1)
+    return np.clip(base + rng.integers(0, noise + 1, (h, w, 3)), 0, 255).astype(np.uint8)
+
+
+def _encode(arr: np.ndarray, fmt: str, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, fmt, quality=quality)
+    return buf.getvalue()
+
+
+def _pil(data: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+
+
+@pytest.fixture(scope="module")
+def jpeg() -> bytes:
+    return _encode(_picture(375, 500), "JPEG")
+
+
+@pytest.fixture(scope="module")
+def png() -> bytes:
+    return _encode(_picture(375, 500), "PNG")
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 s at 10 fps, 64x48, yuv420p; frame i is filled with the value 10 * i."""
+    path = tmp_path_factory.mktemp("media") / "clip.mp4"
+    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=10)
+        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
+        for i in range(20):
+            arr = np.full((48, 64, 3), 10 * i, dtype=np.uint8)
+            frame = av.VideoFrame.from_ndarray(arr, format="rgb24")
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return path
+
+
+def _write_audio(path: Path, codec: str, rate: int = 16000, seconds: float = 1.0) -> Path:
+    n = int(rate * seconds)
+    t = np.arange(n) / rate
+    tone = (0.5 * np.sin(2 * math.pi * 440 * t) * 32767).astype(np.int16)
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=rate, layout="stereo")
+        for start in range(0, n, 1024):
+            chunk = tone[start : start + 1024]
+            data = np.stack([chunk, chunk]).T.reshape(1, -1).copy()
+            frame = av.AudioFrame.from_ndarray(data, format="s16", layout="stereo")
+            frame.sample_rate = rate
+            frame.pts = start
+            frame.time_base = Fraction(1, rate)
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return path
+
+
+# -- pixels agree with PIL ------------------------------------------------------------------
+def test_jpeg_matches_pil(jpeg: bytes) -> None:
+    ours = tio.load_image(jpeg)
+    assert ours.shape == (375, 500, 3) and ours.dtype == np.uint8
+    assert np.abs(ours.astype(np.int16) - _pil(jpeg)).mean() < 2
+
+
+def test_png_matches_pil_exactly(png: bytes, tmp_path: Path) -> None:
+    np.testing.assert_array_equal(tio.load_image(png), _pil(png))
+    path = tmp_path / "a.png"
+    path.write_bytes(png)
+    np.testing.assert_array_equal(tio.load_image(path), _pil(png))
+    np.testing.assert_array_equal(tio.load_image(str(path)), _pil(png))
+
+
+def test_building_blocks_as_in_reference(jpeg: bytes) -> None:
+    desc = tio.get_video_filter_desc(scale_width=224, scale_height=224)
+    frames = tio.decode_packets(tio.demux_image(jpeg), filter_desc=desc)
+    assert isinstance(frames, tio.ImageFrames)
+    assert (frames.width, frames.height, frames.pix_fmt) == (224, 224, "rgb24")
+    buffer = tio.convert_frames([frames, frames])
+    tensor = tio.to_torch(buffer).permute(0, 3, 1, 2)
+    assert tensor.shape == (2, 3, 224, 224) and tensor.dtype == torch.uint8
+
+
+def test_resize_close_to_pil_resize(png: bytes) -> None:
+    ours = tio.load_image(png, width=250, height=188).astype(np.int16)
+    pil = np.asarray(Image.open(io.BytesIO(png)).resize((250, 188), Image.BILINEAR))
+    assert np.abs(ours - pil).mean() < 3
+
+
+def test_crop_and_pixel_formats(png: bytes) -> None:
+    full = tio.load_image(png)
+    crop = tio.load_image(png, crop_width=100, crop_height=50)
+    np.testing.assert_array_equal(crop, full[162:212, 200:300])
+    assert tio.load_image(png, pix_fmt="gray").shape == (375, 500, 1)
+    assert tio.load_image(png, pix_fmt="rgba").shape == (375, 500, 4)
+    bgr = tio.load_image(png, pix_fmt="bgr24")
+    np.testing.assert_array_equal(bgr[..., ::-1], full)
+    assert tio.load_image(png, width=100).shape == (76, 100, 3)  # aspect kept, even size
+
+
+def test_filter_graph_path_matches_reformat(png: bytes) -> None:
+    desc = tio.get_video_filter_desc(scale_width=120, scale_height=90, crop_width=100)
+    frames = tio.decode_packets(tio.demux_image(png), filter_desc=desc)
+    assert (frames.width, frames.height) == (100, 90)
+
+
+def test_lowres_choice() -> None:
+    assert tio.pick_lowres(1920, 1080, 224, 224) == 2
+    assert tio.pick_lowres(500, 375, 224, 224) == 0
+    assert tio.pick_lowres(4000, 3000, 224, 224) == 3
+    assert tio.pick_lowres(1000, 1000, 300, 300) == 1
+
+
+def test_lowres_decode_close_to_full(tmp_path: Path) -> None:
+    data = _encode(_picture(1080, 1920, noise=0), "JPEG")
+    ours = tio.load_image(data, width=224, height=224).astype(np.int16)
+    ref = np.asarray(Image.open(io.BytesIO(data)).resize((224, 224), Image.BILINEAR))
+    assert np.abs(ours - ref).mean() < 4
+
+
+# -- batching -------------------------------------------------------------------------------
+def test_batch_shape_dtype_layout(jpeg: bytes, png: bytes) -> None:
+    big = _encode(_picture(720, 1280, seed=3), "JPEG")
+    batch = tio.load_image_batch([jpeg, png, big], width=96, height=64)
+    assert batch.shape == (3, 64, 96, 3) and batch.dtype == np.uint8
+    assert batch.flags.c_contiguous
+    one = tio.load_image(png, width=96, height=64)
+    np.testing.assert_array_equal(batch[1], one)
+
+
+def test_convert_frames_rejects_mixed_sizes(jpeg: bytes, png: bytes) -> None:
+    a = tio.decode_image(jpeg, width=32, height=32)
+    b = tio.decode_image(png, width=64, height=32)
+    with pytest.raises(ValueError, match="differ"):
+        tio.convert_frames([a, b])
+
+
+def test_to_torch_shares_memory(jpeg: bytes) -> None:
+    buffer = tio.load_image_batch([jpeg, jpeg], width=32, height=32)
+    tensor = tio.to_torch(buffer)
+    assert tensor.data_ptr() == buffer.ctypes.data
+    tensor[0, 0, 0, 0] = 7
+    buffer[1, 2, 3, 1] = 9
+    assert buffer[0, 0, 0, 0] == 7 and tensor[1, 2, 3, 1] == 9
+    assert tio.to_torch(tensor) is tensor
+
+
+def test_async_load_image_batch(jpeg: bytes) -> None:
+    out = asyncio.run(tio.async_load_image_batch([jpeg] * 3, width=16, height=16))
+    assert out.shape == (3, 16, 16, 3)
+    cfg = tio.cuda_config(device_index=0)
+    on_gpu = asyncio.run(tio.async_load_image_batch([jpeg], width=16, height=16, cuda_config=cfg))
+    assert isinstance(on_gpu, torch.Tensor) and on_gpu.shape == (1, 16, 16, 3)
+
+
+# -- video and audio ------------------------------------------------------------------------
+def test_video_whole_and_time_range(video: Path) -> None:
+    clip = tio.load_video(video)
+    assert clip.shape == (20, 48, 64, 3) and clip.dtype == np.uint8
+    means = clip.reshape(20, -1).mean(1)
+    np.testing.assert_allclose(means, np.arange(20) * 10, atol=6)
+    part = tio.load_video(video, timestamp=(0.5, 1.0), width=32, height=24)
+    assert part.shape == (5, 24, 32, 3)
+    np.testing.assert_allclose(part.reshape(5, -1).mean(1), np.arange(5, 10) * 10, atol=6)
+
+
+def test_video_frame_indices(video: Path) -> None:
+    clip = tio.load_video(video.read_bytes(), indices=[0, 5, 19])
+    np.testing.assert_allclose(clip.reshape(3, -1).mean(1), [0, 50, 190], atol=6)
+    with pytest.raises(tio.MediaError, match="out of range"):
+        tio.load_video(video, indices=[25])
+
+
+@pytest.mark.parametrize("codec,suffix", [("pcm_s16le", "wav"), ("flac", "flac")])
+def test_audio_resampled_float32(tmp_path: Path, codec: str, suffix: str) -> None:
+    path = _write_audio(tmp_path / f"a.{suffix}", codec)
+    wav = tio.load_audio(path)
+    assert wav.dtype == np.float32 and wav.shape[1] == 2
+    assert abs(wav.shape[0] - 16000) <= 1024
+    assert 0.45 < np.abs(wav).max() < 0.55
+    mono = tio.load_audio(path.read_bytes(), sample_rate=8000, num_channels=1)
+    assert mono.shape[1] == 1 and abs(mono.shape[0] - 8000) <= 600
+    assert mono.flags.c_contiguous
+
+
+# -- errors ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"this is not an image at all", "truncated_jpeg", "truncated_png", "corrupt_jpeg"],
+)
+def test_bad_bytes_raise_media_error(data: object, jpeg: bytes, png: bytes) -> None:
+    if data == "truncated_jpeg":
+        data = jpeg[: len(jpeg) // 2]
+    elif data == "truncated_png":
+        data = png[: len(png) // 2]
+    elif data == "corrupt_jpeg":
+        raw = bytearray(jpeg)
+        raw[600:4000] = bytes(3400)
+        data = bytes(raw)
+    assert isinstance(data, bytes)
+    with pytest.raises(tio.MediaError) as info:
+        tio.load_image(data)
+    assert info.value.source == f"<bytes: {len(data)}>"
+    assert info.value.source in str(info.value)
+
+
+def test_bad_path_raises_media_error_naming_it(tmp_path: Path) -> None:
+    text = tmp_path / "notes.jpg"
+    text.write_text("hello")
+    for path in (text, tmp_path / "missing.jpg"):
+        with pytest.raises(tio.MediaError, match="notes.jpg|missing.jpg") as info:
+            tio.load_image(path)
+        assert info.value.source == str(path)
+    with pytest.raises(tio.MediaError, match="no audio stream"):
+        tio.load_audio(_encode(_picture(8, 8), "PNG"))
+
+
+def test_batch_strict_and_lenient(jpeg: bytes) -> None:
+    with pytest.raises(tio.MediaError):
+        tio.load_image_batch([jpeg, b"junk"], width=8, height=8)
+    out = tio.load_image_batch([jpeg, b"junk", jpeg], width=8, height=8, strict=False)
+    assert out.shape == (2, 8, 8, 3)
+    with pytest.raises(tio.MediaError, match="batch"):
+        tio.load_image_batch([b"junk"], width=8, height=8, strict=False)
+
+
+def test_bad_samples_skipped_and_counted_in_pipeline(jpeg: bytes) -> None:
+    items = [jpeg, b"junk", jpeg, jpeg[:100], jpeg, b"", jpeg]
+
+    def decode(data: bytes) -> tio.ImageFrames:
+        return tio.decode_image(data, width=32, height=32)
+
+    def build(max_failures: int):  # noqa: ANN202
+        return (
+            PipelineBuilder()
+            .add_source(items)
+            .pipe(decode, concurrency=2, output_order="input")
+            .aggregate(8)
+            .pipe(tio.convert_frames)
+            .pipe(tio.to_torch)
+            .pipe(tio.transfer_tensor)
+            .add_sink(4)
+            .build(max_failures=max_failures)
+        )
+
+    pipeline = build(3)
+    batches = list(pipeline)
+    assert len(batches) == 1 and batches[0].shape == (4, 32, 32, 3)
+    assert sum(s.num_failed for s in pipeline.get_stats()) == 3
+    with pytest.raises(PipelineFailure):
+        list(build(2))
+
+
+# -- transfer -------------------------------------------------------------------------------
+def test_transfer_without_cuda_returns_cpu_tensor() -> None:
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    t = torch.arange(6)
+    assert tio.transfer_tensor(t) is t
+    batch = {"x": t, "y": [t]}
+    assert tio.transfer_tensor(batch) is batch
+    assert asyncio.run(tio.async_transfer_tensor(t)) is t
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_transfer_to_cuda_on_dedicated_stream() -> None:
+    t = torch.arange(1 << 20, dtype=torch.float32)
+    out = tio.transfer_tensor({"x": t, "y": (t, 3)})
+    assert out["x"].is_cuda and out["y"][1] == 3
+    assert torch.equal(out["x"].cpu(), t)
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+    streams = []
+
+    def in_thread() -> None:
+        tio.transfer_tensor(t)
+        streams.append(tio._transfer._LOCAL.streams)
+
+    with ThreadPoolExecutor(2) as ex:
+        list(ex.map(lambda _: in_thread(), range(2)))
+    assert streams[0] is not streams[1]
+
+
+# -- the GIL --------------------------------------------------------------------------------
+def test_decoding_releases_the_gil() -> None:
+    images = [_encode(_picture(1080, 1920, seed=i % 4, noise=24), "JPEG") for i in range(40)]
+
+    def work(chunk: list[bytes]) -> None:
+        for data in chunk:
+            tio.decode_packets(tio.demux_image(data))
+
+    def best_of_3(threads: int) -> float:
+        chunks = [images[i::threads] for i in range(threads)]
+        best = math.inf
+        with ThreadPoolExecutor(threads) as ex:
+            for _ in range(3):
+                start = time.perf_counter()
+                list(ex.map(work, chunks))
+                best = min(best, time.perf_counter() - start)
+        return best
+
+    one, two = best_of_3(1), best_of_3(2)
+    print(f"GIL: speedup {one / two:.2f}x")
+    assert one / two >= 1.7, f"1 thread {one:.3f}s, 2 threads {two:.3f}s"

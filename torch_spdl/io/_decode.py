@@ -1,0 +1,91 @@
+"""Decoding packets into frames, with the filter chain applied inside FFmpeg."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import av
+
+from ._demux import Packets
+from ._errors import MediaError
+from ._filter import as_reformat, filter_graph, target_size
+from ._frames import AudioFrames, Frames, ImageFrames, VideoFrames
+
+_LG = logging.getLogger(__name__)
+
+
+def pick_lowres(src_w: int, src_h: int, dst_w: int, dst_h: int) -> int:
+    """The largest MJPEG ``lowres`` (0-3) whose decoded size stays >= the target size."""
+    for k in (3, 2, 1):
+        if -(-src_w >> k) >= dst_w and -(-src_h >> k) >= dst_h:
+            return k
+    return 0
+
+
+def _configure(packets: Packets, desc: str | None, options: dict[str, str] | None) -> Any:
+    ctx = packets.stream.codec_context
+    opts = dict(options or {})
+    if packets.media_type == "image":
+        opts.setdefault("err_detect", "explode")  # a truncated image is an error, not gray
+        size = target_size(desc)
+        if ctx.name == "mjpeg" and size is not None and "lowres" not in opts:
+            lowres = pick_lowres(ctx.width, ctx.height, *size)
+            if lowres:
+                opts["lowres"] = str(lowres)
+    if packets.media_type == "video" and "threads" not in opts:
+        ctx.thread_type = "AUTO"
+    if opts:
+        ctx.options = opts
+    return ctx
+
+
+def _decoded(packets: Packets, ctx: Any) -> Iterator[Any]:
+    time_base = packets.stream.time_base
+    for packet in [*packets.packets, None]:
+        for frame in ctx.decode(packet):
+            if frame.time_base is None and time_base is not None:
+                frame.time_base = time_base  # frames flushed at the end come without one
+            yield frame
+
+
+def _in_window(frames: Iterator[Any], window: tuple[float, float] | None) -> Iterator[Any]:
+    for frame in frames:
+        t = frame.time
+        if window is not None and t is not None and not math.isnan(t):
+            if not window[0] <= t < window[1]:
+                continue
+        yield frame
+
+
+def decode_packets(
+    packets: Packets,
+    *,
+    filter_desc: str | None = None,
+    decoder_options: dict[str, str] | None = None,
+) -> Frames:
+    """Decode ``packets`` and run the frames through ``filter_desc`` (see
+    :func:`get_video_filter_desc`). Returns :class:`ImageFrames`, :class:`VideoFrames` or
+    :class:`AudioFrames`. Closes the packets' container. Raises :class:`MediaError`.
+    """
+    try:
+        ctx = _configure(packets, filter_desc, decoder_options)
+        frames = _in_window(_decoded(packets, ctx), packets.window)
+        if filter_desc:
+            reformat = None if packets.media_type == "audio" else as_reformat(filter_desc)
+            if reformat is not None:
+                frames = (reformat.apply(f) for f in frames)
+            else:
+                frames = filter_graph(frames, filter_desc, packets.media_type)
+        out = list(frames)
+    except (av.FFmpegError, ValueError, OSError) as e:
+        raise MediaError(packets.source, f"cannot decode: {e}") from e
+    finally:
+        packets.container.close()
+    if not out:
+        raise MediaError(packets.source, "no frame decoded")
+    _LG.debug("%s: decoded %d frames", packets.source, len(out))
+    kind = {"image": ImageFrames, "video": VideoFrames, "audio": AudioFrames}
+    return kind[packets.media_type](packets.source, out)

@@ -1,0 +1,35 @@
+"""Opening a path or bytes in memory as a PyAV container, with errors mapped to MediaError."""
+
+from __future__ import annotations
+
+import io
+import os
+from typing import Any, Union
+
+import av
+
+from ._errors import MediaError
+
+Source = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview]
+"""A path, or the encoded data itself."""
+
+
+def describe(src: Source) -> str:
+    """Name a source for messages: its path, or ``<bytes: N>`` for data in memory."""
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return f"<bytes: {len(src)}>"
+    return os.fspath(src)
+
+
+def open_container(src: Source, name: str) -> Any:
+    """Open ``src`` for reading; raise :class:`MediaError` naming ``name`` on failure."""
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        if len(src) == 0:
+            raise MediaError(name, "empty input")
+        target: Any = io.BytesIO(src)
+    else:
+        target = os.fspath(src)
+    try:
+        return av.open(target, mode="r")
+    except (av.FFmpegError, OSError, ValueError) as e:
+        raise MediaError(name, f"cannot open: {e}") from e
