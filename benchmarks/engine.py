@@ -83,23 +83,11 @@ def async_sleep(n: int) -> float:
     return _run(b, n)
 
 
-class _Trivial:
-    """A map-style dataset of ints, the cheapest possible sample."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 def _torch(n: int, workers: int) -> float:
+    from dataloader import IntDataset  # benchmarks/dataloader.py, beside this script
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(_Trivial(n), batch_size=32, num_workers=workers)
+    loader = DataLoader(IntDataset(n), batch_size=32, num_workers=workers)
     t0 = time.perf_counter()
     count = sum(len(b) for b in loader)
     elapsed = time.perf_counter() - t0

@@ -43,3 +43,16 @@ class Gate:
         if not done:
             waiter.cancel()
         return bool(done)
+
+    def gated_op(self, kind: str):
+        """An identity op ("sync" or "async") that waits for this gate before returning."""
+
+        def blocked(x):
+            assert self.wait(30)
+            return x
+
+        async def ablocked(x):
+            assert await self.await_(30)
+            return x
+
+        return blocked if kind == "sync" else ablocked

@@ -671,21 +671,7 @@ def test_get_item_returns_items_then_eof():
 def test_get_iterator_timeout(kind):
     gate = Gate()
 
-    def blocked(x):
-        assert gate.wait(30)
-        return x
-
-    async def ablocked(x):
-        assert await gate.await_(30)
-        return x
-
-    pipeline = (
-        PipelineBuilder()
-        .add_source(range(3))
-        .pipe(blocked if kind == "sync" else ablocked)
-        .add_sink(2)
-        .build()
-    )
+    pipeline = PipelineBuilder().add_source(range(3)).pipe(gate.gated_op(kind)).add_sink(2).build()
     try:
         with pipeline.auto_stop():
             iterator = pipeline.get_iterator(timeout=0.2)
@@ -839,19 +825,11 @@ def test_infinite_source_with_blocked_stage_stays_bounded(kind):
     q, conc1, conc2, sink = 5, 2, 3, 4
     source, gate = CountingSource(), Gate()
 
-    def blocked(x):
-        assert gate.wait(30)
-        return x
-
-    async def ablocked(x):
-        assert await gate.await_(30)
-        return x
-
     pipeline = (
         PipelineBuilder()
         .add_source(source)
         .pipe(lambda x: x, concurrency=conc1)
-        .pipe(blocked if kind == "sync" else ablocked, concurrency=conc2)
+        .pipe(gate.gated_op(kind), concurrency=conc2)
         .add_sink(sink)
         .build(queue_size=q)
     )
