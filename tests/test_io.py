@@ -96,6 +96,27 @@ def test_png_matches_pil_exactly(png: bytes, tmp_path: Path) -> None:
     np.testing.assert_array_equal(tio.load_image(str(path)), _pil(png))
 
 
+@pytest.mark.parametrize("kind", ["baseline", "progressive", "gray", "1080p"])
+@pytest.mark.parametrize("size", [None, (224, 224), (100, -1)])
+def test_jpeg_direct_decode_equals_container_path(kind: str, size: object, tmp_path: Path) -> None:
+    """decode_image feeds JPEG bytes straight to the decoder; the pixels must be those of
+    the general demux -> decode -> filter path, from bytes and from a path."""
+    picture = _picture(1080, 1920) if kind == "1080p" else _picture(375, 500)
+    img = Image.fromarray(picture)
+    buf = io.BytesIO()
+    (img.convert("L") if kind == "gray" else img).save(
+        buf, "JPEG", quality=90, progressive=kind == "progressive"
+    )
+    data = buf.getvalue()
+    w, h = size if isinstance(size, tuple) else (None, None)
+    desc = tio.get_video_filter_desc(scale_width=w, scale_height=h)
+    ref = tio.convert_frames([tio.decode_packets(tio.demux_image(data), filter_desc=desc)])[0]
+    path = tmp_path / "a.jpg"
+    path.write_bytes(data)
+    for src in (data, path):
+        np.testing.assert_array_equal(tio.load_image(src, width=w, height=h), ref)
+
+
 def test_building_blocks_as_in_reference(jpeg: bytes) -> None:
     desc = tio.get_video_filter_desc(scale_width=224, scale_height=224)
     frames = tio.decode_packets(tio.demux_image(jpeg), filter_desc=desc)

@@ -21,6 +21,21 @@ def describe(src: Source) -> str:
     return os.fspath(src)
 
 
+def read_bytes(src: Source, name: str) -> bytes | bytearray | memoryview:
+    """The encoded data of ``src``: itself if in memory, else the file's contents."""
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        data = src
+    else:
+        try:
+            with open(src, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise MediaError(name, f"cannot open: {e}") from e
+    if len(data) == 0:
+        raise MediaError(name, "empty input")
+    return data
+
+
 def open_container(src: Source, name: str) -> Any:
     """Open ``src`` for reading; raise :class:`MediaError` naming ``name`` on failure."""
     if isinstance(src, (bytes, bytearray, memoryview)):
