@@ -16,6 +16,9 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
     [
         ("demo.py", ["--images", "64"], "pipeline  :"),
         ("lightning_image_classification.py", ["--quick"], "every image seen once: OK"),
+        ("video_clips.py", ["--quick"], "every clip has the right frames: OK"),
+        ("http_async.py", ["--quick"], "every file arrived once, every byte right: OK"),
+        ("subprocess_pipeline.py", ["--quick"], "computed in the subprocess: OK"),
     ],
 )
 def test_example_runs(script: str, args: list[str], expect: str) -> None:

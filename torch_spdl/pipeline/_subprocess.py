@@ -43,7 +43,9 @@ def _child_main(
             slots.acquire()
             if stop.is_set():
                 return
-            conn.send((_ITEM, item))
+            # Plain pickle (by value): multiprocessing's pickler would send a torch tensor as
+            # a handle to this process's memory, unreadable once this process has exited.
+            conn.send_bytes(pickle.dumps((_ITEM, item), pickle.HIGHEST_PROTOCOL))
         conn.send((_END, None))
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         if stop.is_set():

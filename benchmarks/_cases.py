@@ -1,0 +1,101 @@
+"""The cases the report measures, each run in its own process by ``_measure.Runner``.
+
+Every function returns ``{"samples": n, "seconds": s, "first_batch_s": t or None}``. The
+datasets and knobs come from the per-topic benchmarks beside this file
+(``dataloader.py``, ``engine.py``, ``image_decode.py``), so the report measures exactly
+what they measure.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from dataloader import (
+    LARGE_KNOBS,
+    ImageDataset,
+    SleepDataset,
+    StringDataset,
+    SyncSleepStaged,
+    _touch,
+)
+from torch.utils.data import DataLoader as TorchDataLoader
+
+import torch_spdl
+
+# torch's advice to use at most os.cpu_count() worker processes; the sweep asks for more.
+warnings.filterwarnings("ignore", message="This DataLoader will create")
+
+
+def _epochs(make: Callable[[], Iterable[Any]], epochs: int) -> dict[str, Any]:
+    """Make the loader, read ``epochs`` epochs of it (every page of every batch)."""
+    t0 = time.perf_counter()
+    loader = make()
+    first: float | None = None
+    count = 0
+    for _ in range(epochs):
+        for batch in loader:
+            if first is None:
+                first = time.perf_counter() - t0
+            _touch(batch)
+            count += len(batch)
+    return {"samples": count, "seconds": time.perf_counter() - t0, "first_batch_s": first}
+
+
+def images(impl: str, workers: int, batch: int, n: int, epochs: int, tuned: bool) -> dict:
+    """3x224x224 uint8 samples (147 KiB each, cheap to make, heavy to move)."""
+    if impl == "torch":
+        return _epochs(
+            lambda: TorchDataLoader(ImageDataset(n), batch_size=batch, num_workers=workers),
+            epochs,
+        )
+    knobs: dict[str, Any] = dict(LARGE_KNOBS) if tuned else {"num_workers": workers}
+    return _epochs(
+        lambda: torch_spdl.DataLoader(ImageDataset(n), batch_size=batch, **knobs), epochs
+    )
+
+
+def sleep_io(impl: str, concurrency: int, n: int, batch: int) -> dict:
+    """Every sample waits 10 ms (a remote read); ``concurrency`` reads at once."""
+    if impl == "torch":
+        return _epochs(
+            lambda: TorchDataLoader(SleepDataset(n), batch_size=batch, num_workers=concurrency),
+            1,
+        )
+    return _epochs(
+        lambda: torch_spdl.DataLoader(
+            SyncSleepStaged(n), batch_size=batch, num_workers=1, io_concurrency=concurrency
+        ),
+        1,
+    )
+
+
+def strings(impl: str, n: int, workers: int) -> dict:
+    """A dataset of ``n`` Python strings, shuffled: torch's workers copy the pages they touch."""
+    cls = TorchDataLoader if impl == "torch" else torch_spdl.DataLoader
+    dataset = StringDataset(n)
+    return _epochs(lambda: cls(dataset, batch_size=256, shuffle=True, num_workers=workers), 1)
+
+
+def decode(impl: str, root: str, batch: int) -> dict:
+    """JPEG files -> 224x224 uint8 batches, 2 workers (``image_decode.py``'s end-to-end case)."""
+    import image_decode
+
+    if impl == "torch":
+        n, seconds = image_decode.torch_epoch(Path(root), batch)
+    else:
+        paths = sorted(Path(root).rglob("*.jpg"))
+        n, seconds = image_decode.spdl_epoch(paths, batch)
+    return {"samples": n, "seconds": seconds, "first_batch_s": None}
+
+
+def engine_case(name: str, n: int) -> dict:
+    """One row of ``engine.py``: items/s through the engine (or torch's DataLoader)."""
+    import engine
+
+    fns = {case: fn for case, fn, _, _ in engine.CASES}
+    rate = fns[name](n)
+    return {"samples": n, "seconds": n / rate, "first_batch_s": None}

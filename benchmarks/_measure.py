@@ -1,0 +1,196 @@
+"""Run one benchmark case in a fresh process and measure it from outside and inside.
+
+Every run is a new process forked from a *forkserver* that has already imported torch and
+torch_spdl: each run starts clean (no allocator state, threads or page cache of earlier
+runs in its own memory) without paying the 1-2 s import every time.
+
+Measured for each run:
+
+- ``samples`` and ``seconds``: one timed section (loader made, every batch read); the
+  throughput is their ratio.
+- ``first_batch_s``: loader made, ``iter()``, first ``next()`` (when the case can tell).
+- ``cpu_s``: CPU time (user + system) of the process and all its children during the timed
+  section: ``getrusage`` of the process and of its reaped children, plus children still
+  alive at the end (``psutil``). CPU utilisation is ``cpu_s / (seconds * cores)``.
+- ``peak_mib``: peak of the summed PSS (``/proc/<pid>/smaps_rollup``; RSS where that is
+  missing) of the run's process and all its descendants, sampled every 50 ms from the
+  parent over the run's whole life.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import multiprocessing as mp
+import os
+import platform
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import psutil
+from dataloader import PeakMemory  # benchmarks/dataloader.py, beside this module
+
+PRELOAD = ["torch", "torchvision", "av", "torch_spdl", "torch_spdl.data", "torch_spdl.io"]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One configuration to measure: ``_cases.<fn>(**kwargs)`` for one implementation."""
+
+    group: str  # the table it belongs to
+    impl: str  # "torch" or "torch_spdl"
+    param: int  # the swept value (concurrency, batch size) or 0
+    fn: str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    label: str = ""  # the case, for tables without a swept value
+
+
+@dataclass
+class Sample:
+    """One measured run."""
+
+    samples: int
+    seconds: float
+    cpu_s: float
+    peak_mib: float
+    first_batch_s: float | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else float("nan")
+
+    def cpu_pct(self, cores: int) -> float:
+        """Share of the machine's cores busy during the timed section, in percent."""
+        return 100.0 * self.cpu_s / (self.seconds * cores) if self.seconds > 0 else float("nan")
+
+
+@dataclass
+class Result:
+    spec: Spec
+    runs: list[Sample] = field(default_factory=list)
+    error: str | None = None
+
+
+def _cpu_now(start_children: set[int]) -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    live = 0.0
+    for child in psutil.Process().children(recursive=True):
+        if child.pid in start_children:
+            continue
+        try:
+            t = child.cpu_times()
+            live += t.user + t.system
+        except psutil.Error:
+            pass
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime + live
+
+
+class CpuMeter:
+    """CPU seconds used by this process and its children between ``start()`` and ``stop()``."""
+
+    def __init__(self) -> None:
+        self._before = 0.0
+        self._known: set[int] = set()
+        self.cpu_s = 0.0
+
+    def start(self) -> None:
+        self._known = {c.pid for c in psutil.Process().children(recursive=True)}
+        self._before = _cpu_now(self._known)
+
+    def stop(self) -> None:
+        self.cpu_s = _cpu_now(self._known) - self._before
+
+
+def _child_main(fn_name: str, kwargs: dict[str, Any], conn: Connection) -> None:
+    """In the run's process: call the case inside a CPU meter and send its figures back."""
+    # The run inherits the forkserver's start method; a script run by hand on Linux (Python
+    # 3.11-3.13) forks, so torch's worker processes fork here too, as children of this run.
+    mp.set_start_method("fork", force=True)
+    try:
+        fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module("_cases"), fn_name)
+        meter = CpuMeter()
+        meter.start()
+        out = fn(**kwargs)
+        meter.stop()
+        out["cpu_s"] = meter.cpu_s
+        conn.send(("ok", out))
+    except BaseException as exc:  # the parent reports it against the run's spec
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
+
+
+class Runner:
+    """Starts runs in fresh processes from a forkserver with torch already imported."""
+
+    def __init__(self, timeout: float = 600.0) -> None:
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload([*PRELOAD, "dataloader", "_cases"])
+        self.timeout = timeout
+
+    def run(self, spec: Spec) -> Sample:
+        reader, writer = self.ctx.Pipe(duplex=False)
+        proc = self.ctx.Process(target=_child_main, args=(spec.fn, dict(spec.kwargs), writer))
+        proc.start()
+        writer.close()
+        try:
+            with PeakMemory(proc.pid) as mem:
+                if not reader.poll(self.timeout):
+                    raise TimeoutError(f"{spec} gave no result within {self.timeout:.0f} s")
+                status, out = reader.recv()
+                proc.join(self.timeout)
+        finally:
+            reader.close()
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        if status != "ok":
+            raise RuntimeError(f"{spec.fn} {dict(spec.kwargs)} ({spec.impl}) failed: {out}")
+        return Sample(
+            samples=int(out["samples"]),
+            seconds=float(out["seconds"]),
+            cpu_s=float(out["cpu_s"]),
+            peak_mib=mem.peak_kb / 1024,
+            first_batch_s=out.get("first_batch_s"),
+        )
+
+
+def _version(module: str) -> str:
+    try:
+        return str(importlib.import_module(module).__version__)
+    except Exception:  # not installed, or no version: say so in the report
+        return "not installed"
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, str]:
+    """What the figures were measured on, for the report's header."""
+    mem = psutil.virtual_memory().total / 2**30
+    return {
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "cores": str(os.cpu_count()),
+        "usable cores": str(len(os.sched_getaffinity(0))),
+        "CPU": _cpu_model(),
+        "memory": f"{mem:.1f} GiB",
+        "OS": f"{platform.system()} {platform.release()} ({platform.machine()})",
+        "Python": platform.python_version(),
+        "torch": _version("torch"),
+        "torchvision": _version("torchvision"),
+        "av (PyAV)": _version("av"),
+        "torch_spdl": _version("torch_spdl"),
+        "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+    }
