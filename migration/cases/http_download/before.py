@@ -1,0 +1,31 @@
+"""Images downloaded over HTTP, one request per sample."""
+
+import io
+import urllib.request
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+
+class RemoteImageDataset(Dataset):
+    def __init__(self, base_url, names, timeout=10.0):
+        self.base_url = base_url.rstrip("/")
+        self.names = names
+        self.timeout = timeout
+
+    def __len__(self):
+        return len(self.names)
+
+    def __getitem__(self, index):
+        url = f"{self.base_url}/{self.names[index]}"
+        with urllib.request.urlopen(url, timeout=self.timeout) as response:
+            payload = response.read()
+        image = Image.open(io.BytesIO(payload)).convert("L")
+        pixels = np.asarray(image, dtype=np.uint8).copy()
+        return torch.from_numpy(pixels), len(payload)
+
+
+def make_loader(base_url, names, num_workers=8):
+    return DataLoader(RemoteImageDataset(base_url, names), batch_size=4, num_workers=num_workers)

@@ -1,0 +1,407 @@
+"""The migration tool (``torch-spdl migrate``): the before/after cases in migration/cases,
+the split rules, the command line and bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from _migration_cases import CASES, EXPECTED, assert_same, load_module, make_data
+
+import torch_spdl
+from torch_spdl import StagedDataset
+from torch_spdl.migration import migrate_source
+
+ROOT = Path(__file__).resolve().parent.parent
+CASE_NAMES = sorted(EXPECTED)
+SPLIT = ["load (io)", "process (cpu)"]
+
+
+def _ruff() -> str | None:
+    return shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+
+
+# -- the cases ---------------------------------------------------------------------------------
+def test_every_case_is_listed() -> None:
+    dirs = sorted(p.name for p in CASES.iterdir() if (p / "before.py").exists())
+    assert dirs == CASE_NAMES
+    assert len(dirs) >= 12
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_tool_produces_the_committed_after(case: str) -> None:
+    before = (CASES / case / "before.py").read_text()
+    result = migrate_source(before, f"{case}/before.py")
+    assert result.status == "changed", result.error
+    assert result.migrated == (CASES / case / "after.py").read_text(), (
+        "after.py is stale: regenerate it (see migration/README.md)"
+    )
+    expected = EXPECTED[case]
+    assert result.splits() == {k: v for k, v in expected.items() if v is not None}
+    assert set(result.kept()) == {k for k, v in expected.items() if v is None}
+    compile(result.migrated, f"{case}/after.py", "exec")
+    again = migrate_source(result.migrated)
+    assert again.status == "unchanged" and again.migrated == result.migrated  # idempotent
+
+
+def test_after_files_are_formatted_and_lint_clean() -> None:
+    ruff = _ruff()
+    if ruff is None:
+        pytest.skip("ruff is not installed")
+    after = [str(CASES / c / "after.py") for c in CASE_NAMES]
+    fmt = subprocess.run([ruff, "format", "--check", "--diff", *after], capture_output=True)
+    assert fmt.returncode == 0, fmt.stdout.decode()[-3000:]
+    lint = subprocess.run(
+        [ruff, "check", "--no-cache", "--select", "F,E,W,B,UP", *after], capture_output=True
+    )
+    assert lint.returncode == 0, lint.stdout.decode()[-3000:]
+
+
+@pytest.mark.parametrize("case", CASE_NAMES)
+def test_migrated_case_yields_the_same_batches(case: str, tmp_path: Path) -> None:
+    """The original through torch's DataLoader, the migrated module through torch_spdl's
+    (threads; the staged datasets run load and process as stages): the same batches in the
+    same order, and the same samples by plain indexing."""
+    if case == "hdf5_lazy":
+        pytest.importorskip("h5py")
+    with contextlib.ExitStack() as stack:
+        kwargs, loaders, torch_workers = make_data(case, tmp_path, stack)
+        before = load_module(CASES / case / "before.py", f"_migration_{case}_before")
+        after = load_module(CASES / case / "after.py", f"_migration_{case}_after")
+        for factory, workers in loaders.items():
+            theirs = getattr(before, factory)(**kwargs, num_workers=torch_workers)
+            ours = getattr(after, factory)(**kwargs, num_workers=workers)
+            assert type(theirs) is torch.utils.data.DataLoader
+            assert isinstance(ours, torch_spdl.DataLoader)
+            dataset = ours.dataset
+            staged = EXPECTED[case][type(dataset).__name__] is not None
+            assert isinstance(dataset, StagedDataset) == staged
+            try:
+                expected = list(theirs)
+                got = list(ours)
+            finally:
+                ours.shutdown()
+            assert len(got) == len(expected) > 0
+            assert_same(got, expected)
+            for i in range(len(dataset)):  # __getitem__ still composes load and process
+                assert_same(dataset[i], theirs.dataset[i], f"sample {i}")
+
+
+# -- the rules, on small sources ---------------------------------------------------------------
+HEAD = """\
+from PIL import Image
+from torch.utils.data import Dataset
+
+
+"""
+
+
+def _migrate(body: str, head: str = HEAD):
+    return migrate_source(head + textwrap.dedent(body))
+
+
+def _kept_reason(body: str, head: str = HEAD) -> str:
+    result = _migrate(body, head)
+    (reason,) = result.kept().values()
+    assert "StagedDataset" not in result.migrated
+    return reason
+
+
+def test_split_passes_the_live_values_and_keeps_comments() -> None:
+    result = _migrate(
+        """\
+        class Images(Dataset):
+            def __getitem__(self, i):
+                \"\"\"Sample i.\"\"\"
+                path = self.paths[i]   # odd   spacing kept
+                img = Image.open(path)
+                img = img.convert("L")  # CPU
+                return img, self.labels[i]
+        """
+    )
+    assert result.splits() == {"Images": SPLIT}
+    code = result.migrated
+    assert "class Images(StagedDataset, Dataset):" in code
+    assert '"""Sample i."""\n        return self.process(self.load(i))' in code
+    assert "path = self.paths[i]   # odd   spacing kept" in code
+    assert "        return img, i\n" in code and "        img, i = raw\n" in code
+    assert "from torch_spdl import StagedDataset" in code
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        (
+            """\
+            class D(Dataset):
+                def __getitem__(self, i):
+                    data = open(self.paths[i], "rb").read()
+                    if not data:
+                        return None
+                    more = open(self.other[i], "rb").read()
+                    return data + more.upper()
+            """,
+            "early return",
+        ),
+        (
+            """\
+            import random
+
+            class D(Dataset):
+                def __getitem__(self, i):
+                    img = Image.open(self.paths[i])
+                    return img.rotate(random.random() * 10)
+            """,
+            "shared random generator",
+        ),
+        (
+            """\
+            import torch
+
+            class D(Dataset):
+                def __getitem__(self, i):
+                    img = Image.open(self.paths[i])
+                    return img, torch.rand(3)
+            """,
+            "shared random generator",
+        ),
+        (
+            """\
+            from torchvision import transforms as T
+
+            class D(Dataset):
+                def __init__(self):
+                    self.aug = T.Compose([T.RandomHorizontalFlip(), T.ToTensor()])
+
+                def __getitem__(self, i):
+                    img = Image.open(self.paths[i])
+                    return self.aug(img)
+            """,
+            "shared random generator",
+        ),
+        (
+            """\
+            class D(Dataset):
+                def __getitem__(self, i):
+                    if i in self.cache:
+                        img = self.cache[i]
+                    img = Image.open(self.paths[i]) if i % 2 else self.blank
+                    self.cache[i] = img.convert("L")
+                    return self.cache[i]
+            """,
+            "self.cache",
+        ),
+        (
+            """\
+            class D(Dataset):
+                def __getitem__(self, i):
+                    if self.flag:
+                        name = self.names[i]
+                    data = open(self.paths[i], "rb").read()
+                    return data.upper(), name
+            """,
+            "only on some paths",
+        ),
+        (
+            """\
+            class D(Dataset):
+                def __getitem__(self, i):
+                    return self.transform(Image.open(self.paths[i]))
+            """,
+            "same statement",
+        ),
+        (
+            """\
+            class D(Dataset):
+                def __getitem__(self, i):
+                    return self.paths[i].upper()
+            """,
+            "no I/O recognised",
+        ),
+        (
+            """\
+            class D(Dataset):
+                async def __getitem__(self, i):
+                    data = open(self.paths[i], "rb").read()
+                    return data.upper()
+            """,
+            "async",
+        ),
+        (
+            """\
+            class D(Dataset):
+                def __getitem__(self, i):
+                    out = [Image.open(p).convert("L") for p in self.paths[i]]
+                    return out
+            """,
+            "loop",
+        ),
+        (
+            """\
+            class D(Dataset):
+                def load(self, i):
+                    return i
+
+                def __getitem__(self, i):
+                    data = open(self.paths[i], "rb").read()
+                    return data.upper()
+            """,
+            "already defines load",
+        ),
+    ],
+)
+def test_unsafe_splits_keep_one_stage(body: str, reason: str) -> None:
+    assert reason in _kept_reason(body)
+
+
+def test_per_sample_generators_and_in_memory_buffers() -> None:
+    result = _migrate(
+        """\
+        import io
+
+        import numpy as np
+        import torch
+
+        class D(Dataset):
+            def _read(self, path):
+                with open(path, "rb") as f:
+                    return f.read()
+
+            def __getitem__(self, i):
+                data = self._read(self.paths[i])
+                rng = np.random.default_rng((7, i))
+                g = torch.Generator().manual_seed(i)
+                img = Image.open(io.BytesIO(data))
+                return img.rotate(rng.random()), torch.rand(2, generator=g)
+        """
+    )
+    assert result.splits() == {"D": SPLIT}
+    assert "def process(self, data):" not in result.migrated  # data, i are passed
+    assert "        i, data = raw\n" in result.migrated
+
+
+def test_dataloader_rewrites_and_flags() -> None:
+    result = migrate_source(
+        textwrap.dedent(
+            """\
+            import torch.utils.data as tud
+            from torch.utils.data import DataLoader as DL, get_worker_info
+
+            def seed(worker_id):
+                info = get_worker_info()
+
+            a = tud.DataLoader(ds, 8, True, num_workers=4, worker_init_fn=seed)
+            b = DL(ds, prefetch_factor=2, num_workers=2, multiprocessing_context="spawn")
+            """
+        )
+    )
+    code = result.migrated
+    assert "a = torch_spdl.DataLoader(ds, 8, True, num_workers=4, worker_init_fn=seed)" in code
+    assert "from torch.utils.data import get_worker_info\n" in code
+    assert "from torch_spdl import DataLoader as DL\n" in code
+    assert "import torch_spdl\n" in code
+    messages = "\n".join(d.message for d in result.decisions)
+    for flag in ("num_workers=4", "worker_init_fn=seed", "prefetch_factor=2"):
+        assert flag in messages
+    assert "no effect unless worker_type='process'" in messages
+    assert "torch_spdl.get_worker_info()" in messages
+    assert migrate_source(code).status == "unchanged"
+
+
+def test_left_alone_with_a_reason() -> None:
+    result = _migrate(
+        """\
+        from torch.utils.data import IterableDataset
+
+        class Stream(IterableDataset):
+            def __iter__(self):
+                yield 1
+
+        class Table:
+            def __getitem__(self, i):
+                return open(self.paths[i]).read()
+
+        class Derived(Table):
+            def __getitem__(self, i):
+                return 1
+        """
+    )
+    assert result.status == "unchanged"
+    skipped = [d.message for d in result.decisions if d.kind == "skipped"]
+    assert any("IterableDataset" in m for m in skipped)
+    assert any("Derived: not a direct subclass" in m for m in skipped)
+
+
+# -- command line ------------------------------------------------------------------------------
+def _cli(*args: str, script: bool = False) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).parent / "torch-spdl"
+    cmd = [str(exe)] if script else [sys.executable, "-m", "torch_spdl"]
+    return subprocess.run([*cmd, "migrate", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_dry_run_then_write(tmp_path: Path) -> None:
+    path = tmp_path / "train.py"
+    shutil.copy(CASES / "image_folder" / "before.py", path)
+    original = path.read_bytes()
+    dry = _cli(str(tmp_path))
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith(f"--- a/{path}\n+++ b/{path}\n")
+    assert "+class ImageFolderDataset(StagedDataset, Dataset):" in dry.stdout
+    assert "split: class ImageFolderDataset" in dry.stderr and "dry run" in dry.stderr
+    assert path.read_bytes() == original  # nothing written without --write
+
+    if not (Path(sys.executable).parent / "torch-spdl").exists():
+        pytest.skip("the torch-spdl script is not installed (pip install -e .)")
+    report = tmp_path / "report.json"
+    wrote = _cli("--write", "--report-json", str(report), str(path), script=True)
+    assert wrote.returncode == 0, wrote.stderr
+    assert path.read_text() == (CASES / "image_folder" / "after.py").read_text()
+    (entry,) = json.loads(report.read_text())
+    assert entry["status"] == "changed" and entry["written"]
+    assert any(d["stages"] == SPLIT for d in entry["decisions"])
+    again = _cli("--write", str(path), script=True)
+    assert again.returncode == 0 and "0 to change, 1 unchanged" in again.stderr
+
+
+def test_bad_input_is_reported_and_left_untouched(tmp_path: Path) -> None:
+    files = {
+        "notes.txt": b"from torch.utils.data import DataLoader\n",
+        "broken.py": b"from torch.utils.data import DataLoader\ndef f(:\n",
+        "binary.py": b"\x00\x01\x02DataLoader",
+        "latin.py": b"x = '\xe9'\n",
+        "good.py": b"from torch.utils.data import DataLoader\n",
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    paths = [str(tmp_path / n) for n in files] + [str(tmp_path / "missing.py")]
+    for args in ([], ["--write"]):
+        done = _cli(*args, *paths)
+        assert done.returncode == 1
+        err = done.stderr
+        assert "notes.txt: error: not a Python file" in err
+        assert "broken.py: error: does not parse" in err and "line 2" in err
+        assert "binary.py: error: not a Python source file (binary content)" in err
+        assert "latin.py: error: not a Python source file: cannot decode" in err
+        assert "missing.py: error: no such file or directory" in err
+        for name, data in files.items():
+            if name != "good.py":
+                assert (tmp_path / name).read_bytes() == data
+    assert (tmp_path / "good.py").read_text() == "from torch_spdl import DataLoader\n"
+
+
+def test_example_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "migration_before_after.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "same batches: OK" in done.stdout

@@ -1,0 +1,527 @@
+"""What one statement of ``__getitem__`` does: I/O, CPU work, randomness, state, names.
+
+The split analysis (:mod:`._split`) works statement by statement on these facts. The
+classification is syntactic: calls are resolved through the module's imports and compared
+with the tables in :mod:`._tables`; handles (``self.h5 = h5py.File(...)``) are followed
+through assignments, so reading ``self.h5["x"][i]`` counts as I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import libcst as cst
+
+from ._names import ImportMap, dotted, walk
+from ._tables import (
+    HANDLE_OPENERS,
+    IO_FUNCTIONS,
+    IO_METHODS,
+    MUTATING_METHODS,
+    RNG_CONSTRUCTORS,
+    SHARED_RNG_MODULES,
+    TORCH_RANDOM,
+    TRIVIAL_CALLS,
+)
+
+__all__ = ["ClassContext", "Facts", "FunctionContext", "statement_facts", "class_context"]
+
+_IN_MEMORY = frozenset({"io.BytesIO", "io.StringIO"})
+_LOOPS = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
+
+
+@dataclass
+class ClassContext:
+    """What the class around ``__getitem__`` tells about ``self``'s attributes."""
+
+    imports: ImportMap
+    io_methods: set[str] = field(default_factory=set)  # methods of the class that read
+    io_functions: set[str] = field(default_factory=set)  # module functions that read
+    handle_attrs: set[str] = field(default_factory=set)  # self.X: file/HTTP/store handles
+    rng_attrs: set[str] = field(default_factory=set)  # self.X: generator objects
+    random_attrs: set[str] = field(default_factory=set)  # self.X: random transforms
+
+
+@dataclass
+class FunctionContext:
+    """The class context plus what ``__getitem__`` itself binds (handles, generators)."""
+
+    cls: ClassContext
+    local_handles: set[str] = field(default_factory=set)
+    local_rngs: set[str] = field(default_factory=set)
+    in_memory: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Facts:
+    """The findings for one statement."""
+
+    io: list[str] = field(default_factory=list)
+    compute: list[str] = field(default_factory=list)
+    shared_rng: list[str] = field(default_factory=list)
+    mixed_loops: list[cst.CSTNode] = field(default_factory=list)
+    returns: bool = False
+    yields: bool = False
+    scope_stmts: bool = False  # global / nonlocal
+    mutated_attrs: set[str] = field(default_factory=set)
+    read_attrs: set[str] = field(default_factory=set)
+    stores: set[str] = field(default_factory=set)
+    definite: set[str] = field(default_factory=set)
+    loads: set[str] = field(default_factory=set)
+    store_order: list[str] = field(default_factory=list)
+
+
+# -- helpers on expressions ----------------------------------------------------------------
+def self_attr(node: cst.CSTNode) -> str | None:
+    """``X`` for ``self.X``."""
+    if (
+        isinstance(node, cst.Attribute)
+        and isinstance(node.value, cst.Name)
+        and node.value.value == "self"
+    ):
+        return node.attr.value
+    return None
+
+
+def _root(expr: cst.BaseExpression) -> tuple[str, str] | None:
+    """Where a chain of subscripts, attributes and calls starts: ("self", X) or ("name", n)."""
+    while True:
+        attr = self_attr(expr)
+        if attr is not None:
+            return ("self", attr)
+        if isinstance(expr, cst.Subscript | cst.Attribute):
+            expr = expr.value
+        elif isinstance(expr, cst.Call):
+            expr = expr.func
+        elif isinstance(expr, cst.Name):
+            return ("name", expr.value)
+        else:
+            return None
+
+
+def _first_arg(call: cst.Call) -> cst.BaseExpression | None:
+    for arg in call.args:
+        if arg.keyword is None and not arg.star:
+            return arg.value
+    return None
+
+
+def _opener(call: cst.Call, imports: ImportMap, in_memory: set[str]) -> str | None:
+    """The qualified name of a handle-opening call (``None`` for an in-memory buffer)."""
+    name = imports.resolve(call.func)
+    if name == "numpy.load" and any(
+        a.keyword is not None and a.keyword.value == "mmap_mode" for a in call.args
+    ):
+        return name
+    if name in HANDLE_OPENERS and not _is_in_memory(_first_arg(call), imports, in_memory):
+        return name
+    return None
+
+
+def _is_in_memory(arg: cst.BaseExpression | None, imports: ImportMap, in_memory: set[str]) -> bool:
+    if isinstance(arg, cst.Call):
+        return imports.resolve(arg.func) in _IN_MEMORY
+    return isinstance(arg, cst.Name) and arg.value in in_memory
+
+
+def _assignments(
+    node: cst.CSTNode, into_scopes: bool = False
+) -> Iterable[tuple[cst.BaseExpression, cst.BaseExpression]]:
+    """(target, value) pairs of every assignment and ``with ... as`` under ``node``."""
+    for sub in walk(node, into_scopes):
+        if isinstance(sub, cst.Assign):
+            for target in sub.targets:
+                yield target.target, sub.value
+        elif isinstance(sub, cst.AnnAssign) and sub.value is not None:
+            yield sub.target, sub.value
+        elif isinstance(sub, cst.WithItem) and sub.asname is not None:
+            yield sub.asname.name, sub.item
+
+
+def _is_string_key(value: cst.BaseExpression) -> bool:
+    return (
+        isinstance(value, cst.Subscript)
+        and len(value.slice) == 1
+        and isinstance(value.slice[0].slice, cst.Index)
+        and isinstance(value.slice[0].slice.value, cst.SimpleString | cst.ConcatenatedString)
+    )
+
+
+def _derives_from(value: cst.BaseExpression, handles: set[str], attrs: set[str]) -> bool:
+    """``value`` names a part of a known handle by a string key (``f["images"]``): still a
+    handle. (``f["images"][i]`` is data: reading it is the I/O.)"""
+    if not _is_string_key(value):
+        return False
+    root = _root(value)
+    if root is None:
+        return False
+    kind, name = root
+    return name in (attrs if kind == "self" else handles)
+
+
+def _is_random_transform(value: cst.CSTNode, imports: ImportMap) -> bool:
+    for sub in walk(value, into_scopes=True):
+        if isinstance(sub, cst.Call):
+            name = imports.resolve(sub.func) or ""
+            if name.startswith("torchvision.transforms") and name.rsplit(".", 1)[-1].startswith(
+                "Random"
+            ):
+                return True
+    return False
+
+
+# -- class context ---------------------------------------------------------------------------
+def class_context(module: cst.Module, cls: cst.ClassDef, imports: ImportMap) -> ClassContext:
+    """Scan the class's methods (and the module's functions) for handles, RNGs and I/O."""
+    ctx = ClassContext(imports)
+    changed = True
+    while changed:  # handles derive from handles: iterate to a fixed point
+        changed = False
+        for target, value in _assignments(cls, into_scopes=True):
+            attr = self_attr(target)
+            if attr is None:
+                continue
+            if attr not in ctx.handle_attrs and (
+                (isinstance(value, cst.Call) and _opener(value, imports, set()))
+                or _derives_from(value, set(), ctx.handle_attrs)
+            ):
+                ctx.handle_attrs.add(attr)
+                changed = True
+    for target, value in _assignments(cls, into_scopes=True):
+        attr = self_attr(target)
+        if attr is None:
+            continue
+        if _makes_rng(value, imports):
+            ctx.rng_attrs.add(attr)
+        if _is_random_transform(value, imports):
+            ctx.random_attrs.add(attr)
+    # functions and methods that read, to a fixed point (a helper calling a helper)
+    functions = [s for s in module.body if isinstance(s, cst.FunctionDef)]
+    methods = [s for s in cls.body.body if isinstance(s, cst.FunctionDef)]
+    changed = True
+    while changed:
+        changed = False
+        for fn, bucket in [(f, ctx.io_functions) for f in functions] + [
+            (m, ctx.io_methods) for m in methods
+        ]:
+            name = fn.name.value
+            if name in bucket or name == "__getitem__":
+                continue
+            fctx = function_context(fn, ctx)
+            if any(statement_facts(s, fctx).io for s in _body(fn)):
+                bucket.add(name)
+                changed = True
+    return ctx
+
+
+def _makes_rng(value: cst.CSTNode, imports: ImportMap) -> bool:
+    for sub in walk(value, into_scopes=False):
+        if isinstance(sub, cst.Call) and imports.resolve(sub.func) in RNG_CONSTRUCTORS:
+            return True
+    return False
+
+
+def _body(fn: cst.FunctionDef) -> list[cst.BaseStatement]:
+    body = fn.body
+    if isinstance(body, cst.IndentedBlock):
+        return list(body.body)
+    return [cst.SimpleStatementLine(body=list(body.body))]
+
+
+def function_context(fn: cst.FunctionDef, cls: ClassContext) -> FunctionContext:
+    """Locals of ``fn`` that hold handles, generators or in-memory buffers."""
+    fctx = FunctionContext(cls)
+    pairs = list(_assignments(fn.body))
+    changed = True
+    while changed:
+        changed = False
+        for target, value in pairs:
+            if not isinstance(target, cst.Name):
+                continue
+            name = target.value
+            if isinstance(value, cst.Call) and cls.imports.resolve(value.func) in _IN_MEMORY:
+                if name not in fctx.in_memory:
+                    fctx.in_memory.add(name)
+                    changed = True
+            if name not in fctx.local_handles and (
+                (isinstance(value, cst.Call) and _opener(value, cls.imports, fctx.in_memory))
+                or _derives_from(value, fctx.local_handles, cls.handle_attrs)
+            ):
+                fctx.local_handles.add(name)
+                changed = True
+            if _makes_rng(value, cls.imports):
+                fctx.local_rngs.add(name)
+    return fctx
+
+
+# -- calls -----------------------------------------------------------------------------------
+def classify_call(call: cst.Call, fctx: FunctionContext) -> tuple[str, str]:
+    """("io" | "rng" | "compute" | "trivial", label) for one call."""
+    ctx = fctx.cls
+    imports = ctx.imports
+    name = imports.resolve(call.func)
+    label = dotted(call.func) or (
+        f".{call.func.attr.value}" if isinstance(call.func, cst.Attribute) else "call"
+    )
+    if name in IO_FUNCTIONS:
+        if _is_in_memory(_first_arg(call), imports, fctx.in_memory):
+            return "compute", f"{label} (in memory)"
+        return "io", name or label
+    if name is not None and name in ctx.io_functions:
+        return "io", f"{name}() (reads)"
+    if isinstance(call.func, cst.Attribute):
+        method = call.func.attr.value
+        receiver = call.func.value
+        if isinstance(receiver, cst.Name) and receiver.value == "self":
+            if method in ctx.io_methods:
+                return "io", f"self.{method}() (reads)"
+            if method in ctx.random_attrs:
+                return "rng", f"self.{method} (random transform)"
+        root = _root(receiver)
+        if root is not None:
+            kind, owner = root
+            if (kind == "self" and owner in ctx.handle_attrs) or (
+                kind == "name" and owner in fctx.local_handles
+            ):
+                return "io", f"{label}() on a handle"
+            if kind == "self" and owner in ctx.rng_attrs:
+                return "rng", f"{label}() on the shared generator self.{owner}"
+        if method in IO_METHODS:
+            return "io", f".{method}()"
+    attr = self_attr(call.func)
+    if attr is not None and attr in ctx.random_attrs:
+        return "rng", f"self.{attr}(...) (random transform: torch's global generator)"
+    if isinstance(call.func, cst.Call) and _is_random_transform(call.func, imports):
+        return "rng", f"{label} (random transform: torch's global generator)"
+    if name is not None:
+        if name in RNG_CONSTRUCTORS:
+            return "trivial", name
+        if name.startswith(SHARED_RNG_MODULES):
+            return "rng", f"{name} (process-wide generator)"
+        if name in TORCH_RANDOM:
+            gen = next(
+                (a.value for a in call.args if a.keyword and a.keyword.value == "generator"),
+                None,
+            )
+            if gen is None:
+                return "rng", f"{name} (torch's global generator)"
+            gattr = self_attr(gen)
+            if gattr is not None:
+                return "rng", f"{name} with the shared generator self.{gattr}"
+            return "trivial", name
+        if (
+            name in TRIVIAL_CALLS
+            or name.rsplit(".", 1)[-1] in TRIVIAL_CALLS
+            or name.startswith("os.path.")
+        ):
+            return "trivial", name
+    return "compute", label
+
+
+def _short(node: cst.CSTNode, limit: int = 40) -> str:
+    code = cst.Module(body=[]).code_for_node(node)
+    return code if len(code) <= limit else code[: limit - 3] + "..."
+
+
+def _subscript_reads(node: cst.Subscript, fctx: FunctionContext) -> bool:
+    """Reading data out of a handle (not naming a part of it by a string key)."""
+    if _is_string_key(node):
+        return False
+    root = _root(node.value)
+    if root is None:
+        return False
+    kind, name = root
+    if kind == "self":
+        return name in fctx.cls.handle_attrs
+    return name in fctx.local_handles
+
+
+# -- statements ------------------------------------------------------------------------------
+def statement_facts(stmt: cst.CSTNode, fctx: FunctionContext) -> Facts:
+    """Everything the split needs to know about one statement of ``__getitem__``."""
+    facts = Facts()
+    for node in walk(stmt):
+        if isinstance(node, cst.Call):
+            kind, label = classify_call(node, fctx)
+            if kind == "io":
+                facts.io.append(label)
+            elif kind == "rng":
+                facts.shared_rng.append(label)
+            elif kind == "compute":
+                facts.compute.append(label)
+        elif isinstance(node, cst.Subscript) and _subscript_reads(node, fctx):
+            facts.io.append(f"{_short(node.value)}[...] (reads a handle)")
+        elif isinstance(node, cst.Return):
+            facts.returns = True
+        elif isinstance(node, cst.Yield):
+            facts.yields = True
+        elif isinstance(node, cst.Global | cst.Nonlocal):
+            facts.scope_stmts = True
+        elif isinstance(node, _LOOPS) and _mixes(node, fctx):
+            facts.mixed_loops.append(node)
+    _state(stmt, facts)
+    _names(stmt, facts)
+    facts.definite = definite_names(stmt)
+    return facts
+
+
+def _mixes(loop: cst.CSTNode, fctx: FunctionContext) -> bool:
+    kinds = set()
+    for node in walk(loop):
+        if isinstance(node, cst.Call):
+            kinds.add(classify_call(node, fctx)[0])
+        elif isinstance(node, cst.Subscript) and _subscript_reads(node, fctx):
+            kinds.add("io")
+    return "io" in kinds and "compute" in kinds
+
+
+def _state(stmt: cst.CSTNode, facts: Facts) -> None:
+    """Attributes of ``self`` that the statement reads and those it changes."""
+    for node in walk(stmt, into_scopes=True):
+        attr = self_attr(node)
+        if attr is not None:
+            facts.read_attrs.add(attr)
+        targets: list[cst.CSTNode] = []
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, cst.AnnAssign | cst.AugAssign):
+            targets = [node.target]
+        elif isinstance(node, cst.Del):
+            targets = [node.target]
+        elif (
+            isinstance(node, cst.Call)
+            and isinstance(node.func, cst.Attribute)
+            and node.func.attr.value in MUTATING_METHODS
+        ):
+            targets = [node.func.value]
+        for target in targets:
+            for sub in walk(target):
+                root = _root(sub) if isinstance(sub, cst.BaseExpression) else None
+                if root is not None and root[0] == "self":
+                    facts.mutated_attrs.add(root[1])
+                    break
+
+
+def _target_names(target: cst.CSTNode) -> list[cst.Name]:
+    if isinstance(target, cst.Name):
+        return [target]
+    if isinstance(target, cst.Tuple | cst.List):
+        return [n for el in target.elements for n in _target_names(el.value)]
+    if isinstance(target, cst.StarredElement):
+        return _target_names(target.value)
+    return []
+
+
+def _binders(node: cst.CSTNode) -> list[cst.Name]:
+    """Names that ``node`` binds in the function's own scope."""
+    if isinstance(node, cst.Assign):
+        return [n for t in node.targets for n in _target_names(t.target)]
+    if isinstance(node, cst.AnnAssign | cst.AugAssign | cst.For | cst.NamedExpr):
+        return _target_names(node.target)
+    if isinstance(node, cst.WithItem) and node.asname is not None:
+        return _target_names(node.asname.name)
+    if isinstance(node, cst.ExceptHandler) and node.name is not None:
+        return _target_names(node.name.name)
+    if isinstance(node, cst.FunctionDef | cst.ClassDef):
+        return [node.name]
+    if isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
+        out = []
+        for alias in node.names:
+            bound = alias.asname.name if alias.asname else alias.name
+            while isinstance(bound, cst.Attribute):
+                bound = bound.value
+            if isinstance(bound, cst.Name):
+                out.append(bound)
+        return out
+    return []
+
+
+def _not_references(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """Name nodes under ``node`` that are labels, not variable references."""
+    if isinstance(node, cst.Attribute):
+        return [node.attr]
+    if isinstance(node, cst.Arg) and node.keyword is not None:
+        return [node.keyword]
+    if isinstance(node, cst.Param):
+        return [node.name]
+    if isinstance(node, cst.ImportAlias | cst.ImportFrom | cst.Import):
+        return list(walk(node))
+    if isinstance(node, cst.Global | cst.Nonlocal):
+        return list(walk(node))
+    return []
+
+
+def _names(stmt: cst.CSTNode, facts: Facts) -> None:
+    bound: set[int] = set()
+    for node in walk(stmt):
+        if isinstance(node, cst.CompFor):
+            continue
+        for name in _binders(node):
+            bound.add(id(name))
+            if name.value not in facts.stores:
+                facts.stores.add(name.value)
+                facts.store_order.append(name.value)
+    skip: set[int] = set()
+    for node in walk(stmt, into_scopes=True):
+        skip.update(id(n) for n in _not_references(node))
+    for node in walk(stmt, into_scopes=True):
+        if isinstance(node, cst.Name) and id(node) not in skip and id(node) not in bound:
+            facts.loads.add(node.value)
+    for node in walk(stmt):  # x += 1 reads x too
+        if isinstance(node, cst.AugAssign):
+            facts.loads.update(n.value for n in _target_names(node.target))
+
+
+def definite_names(stmt: cst.CSTNode) -> set[str]:
+    """Names that are surely bound once ``stmt`` completes normally."""
+    if isinstance(stmt, cst.SimpleStatementLine):
+        out: set[str] = set()
+        for small in stmt.body:
+            out.update(n.value for n in _binders(small))
+            if isinstance(small, cst.Expr | cst.Assign) and isinstance(
+                getattr(small, "value", None), cst.NamedExpr
+            ):
+                out.update(n.value for n in _binders(small.value))
+        return out
+    if isinstance(stmt, cst.With):
+        out = {n.value for item in stmt.items for n in _binders(item)}
+        return out | _block_definite(stmt.body)
+    if isinstance(stmt, cst.If):
+        if stmt.orelse is None:
+            return set()
+        other = (
+            definite_names(stmt.orelse)
+            if isinstance(stmt.orelse, cst.If)
+            else _block_definite(stmt.orelse.body)
+        )
+        return _block_definite(stmt.body) & other
+    if isinstance(stmt, cst.Try):
+        out = _block_definite(stmt.body)
+        for handler in stmt.handlers:
+            if not _ends_abruptly(handler.body):
+                out &= _block_definite(handler.body)
+        if stmt.finalbody is not None:
+            out |= _block_definite(stmt.finalbody.body)
+        return out
+    if isinstance(stmt, cst.FunctionDef | cst.ClassDef):
+        return {stmt.name.value}
+    return set()
+
+
+def _block_definite(block: cst.BaseSuite) -> set[str]:
+    stmts = block.body if isinstance(block, cst.IndentedBlock) else [block]
+    out: set[str] = set()
+    for s in stmts:
+        out |= definite_names(s)
+    return out
+
+
+def _ends_abruptly(block: cst.BaseSuite) -> bool:
+    stmts = list(block.body) if isinstance(block, cst.IndentedBlock) else [block]
+    if not stmts:
+        return False
+    last = stmts[-1]
+    if isinstance(last, cst.SimpleStatementLine | cst.SimpleStatementSuite):
+        return any(isinstance(s, cst.Raise | cst.Return | cst.Continue) for s in last.body)
+    return False

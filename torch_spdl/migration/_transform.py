@@ -1,0 +1,150 @@
+"""One pass over a parsed module: DataLoader rewrites, Dataset splits, imports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from ._dataset import DatasetPlan, apply_plan, plan_datasets
+from ._imports import ensure_imports
+from ._loader import argument_notes, split_dataloader_import
+from ._names import ImportMap
+from ._report import Decision
+from ._tables import DATALOADER_NAMES, GET_WORKER_INFO_NAMES
+
+__all__ = ["migrate_module"]
+
+
+class _Migrator(cst.CSTTransformer):
+    def __init__(
+        self,
+        imports: ImportMap,
+        line_of: Callable[[cst.CSTNode], int],
+        plans: dict[cst.ClassDef, DatasetPlan],
+        decisions: list[Decision],
+    ) -> None:
+        super().__init__()
+        self.imports = imports
+        self.line_of = line_of
+        self.plans = plans
+        self.decisions = decisions
+        self.names: list[tuple[str, str | None]] = []  # to import from torch_spdl
+        self.want_module = False  # `import torch_spdl` needed
+        self._worker_info_lines: set[int] = set()
+
+    def _note(self, node: cst.CSTNode, kind: str, message: str) -> None:
+        self.decisions.append(Decision(self.line_of(node), kind, message))  # type: ignore[arg-type]
+
+    # -- imports --------------------------------------------------------------------------
+    def leave_ImportFrom(
+        self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom
+    ) -> cst.ImportFrom | cst.RemovalSentinel:
+        rest, alias = split_dataloader_import(updated_node, self.imports)
+        if alias is None:
+            return updated_node
+        asname = alias.asname.name.value if alias.asname else None  # type: ignore[union-attr]
+        shown = f"DataLoader as {asname}" if asname else "DataLoader"
+        if rest is None:
+            self._note(
+                original_node,
+                "import",
+                f"from torch.utils.data import {shown} -> from torch_spdl import {shown}",
+            )
+            return updated_node.with_changes(
+                module=cst.Name("torch_spdl"),
+                relative=[],
+                names=[alias.with_changes(comma=cst.MaybeSentinel.DEFAULT)],
+                lpar=None,
+                rpar=None,
+            )
+        self._note(
+            original_node,
+            "import",
+            f"{shown} now imported from torch_spdl; the other names stay on the torch import",
+        )
+        self.names.append(("DataLoader", asname))
+        return rest
+
+    # -- names and calls ----------------------------------------------------------------------
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.BaseExpression:
+        name = self.imports.resolve(original_node)
+        if name in DATALOADER_NAMES:
+            self.want_module = True
+            self._note(
+                original_node,
+                "call",
+                f"{cst.Module([]).code_for_node(original_node)} -> torch_spdl.DataLoader",
+            )
+            return cst.Attribute(value=cst.Name("torch_spdl"), attr=cst.Name("DataLoader"))
+        if name in GET_WORKER_INFO_NAMES:
+            self._worker_info(original_node)
+        return updated_node
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        if self.imports.names.get(original_node.value) in GET_WORKER_INFO_NAMES:
+            self._worker_info(original_node)
+        return updated_node
+
+    def _worker_info(self, node: cst.CSTNode) -> None:
+        try:
+            line = self.line_of(node)
+        except KeyError:
+            return
+        if line in self._worker_info_lines:
+            return
+        self._worker_info_lines.add(line)
+        self.decisions.append(
+            Decision(
+                line,
+                "note",
+                "torch.utils.data.get_worker_info() is None in torch_spdl's worker threads; "
+                "torch_spdl.get_worker_info() gives the thread's id, seed and generators",
+            )
+        )
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        if self.imports.resolve(original_node.func) in DATALOADER_NAMES:
+            for note in argument_notes(original_node):
+                self._note(original_node, "argument", f"DataLoader(...): {note}")
+            if self.plans:
+                self._note(
+                    original_node,
+                    "note",
+                    "DataLoader(...): a staged dataset's load and process stages are sized "
+                    "by io_concurrency= and cpu_concurrency=",
+                )
+        return updated_node
+
+    # -- datasets -------------------------------------------------------------------------
+    def leave_ClassDef(
+        self, original_node: cst.ClassDef, updated_node: cst.ClassDef
+    ) -> cst.ClassDef:
+        plan = self.plans.get(original_node)
+        if plan is None:
+            return updated_node
+        if ("StagedDataset", None) not in self.names:
+            self.names.append(("StagedDataset", None))
+        return apply_plan(updated_node, plan)
+
+
+def migrate_module(module: cst.Module) -> tuple[cst.Module, list[Decision]]:
+    """The migrated module and the decisions made (in source order)."""
+    wrapper = MetadataWrapper(module)
+    positions = wrapper.resolve(PositionProvider)
+    tree = wrapper.module
+
+    def line_of(node: cst.CSTNode) -> int:
+        return positions[node].start.line
+
+    imports = ImportMap(tree)
+    decisions: list[Decision] = []
+    plans = plan_datasets(tree, imports, line_of, decisions)
+    migrator = _Migrator(imports, line_of, plans, decisions)
+    new = tree.visit(migrator)
+    new = ensure_imports(new, migrator.names, migrator.want_module)
+    decisions.sort(key=lambda d: d.line)
+    return new, decisions
