@@ -38,6 +38,9 @@ class DataLoader(_TorchDataLoader):
     - ``io_concurrency`` / ``cpu_concurrency``: concurrency of a :class:`StagedDataset`'s
       ``io`` and ``cpu`` stages (default: ``num_workers``, at least 1; io at least 8).
     - ``collate_concurrency``: threads running ``collate_fn`` (default 1).
+    - Each of these three may be ``"auto"``: the pipeline then tunes it while running
+      (I/O stages up to 64 workers, CPU and collate stages up to the cores), within a CPU
+      budget of 40% of the machine (see docs/autotune.md).
     - ``buffer_size``: batches kept ready (default ``prefetch_factor * num_workers``, min 2).
     - ``device``: move each batch there on a dedicated transfer stage (with ``pin_memory``).
     - ``max_failures``: samples that may fail and be skipped (counted in
@@ -65,9 +68,9 @@ class DataLoader(_TorchDataLoader):
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
-        io_concurrency: int | None = None,
-        cpu_concurrency: int | None = None,
-        collate_concurrency: int = 1,
+        io_concurrency: int | Literal["auto"] | None = None,
+        cpu_concurrency: int | Literal["auto"] | None = None,
+        collate_concurrency: int | Literal["auto"] = 1,
         worker_type: Literal["thread", "process"] = "thread",
         buffer_size: int | None = None,
         device: str | torch.device | None = None,
@@ -100,8 +103,11 @@ class DataLoader(_TorchDataLoader):
             ("collate_concurrency", collate_concurrency),
             ("buffer_size", buffer_size),
         ):
+            if value == "auto" and knob != "buffer_size":
+                continue
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{knob} must be a positive int, got {value!r}")
+                what = "a positive int" if knob == "buffer_size" else "a positive int or 'auto'"
+                raise ValueError(f"{knob} must be {what}, got {value!r}")
         if max_failures < 0:
             raise ValueError(f"max_failures must be >= 0, got {max_failures!r}")
         self.io_concurrency = io_concurrency

@@ -12,6 +12,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 from ..pipeline import PipelineBuilder, PipelineFailure
+from ..pipeline._autotune import DEFAULT_MAX_THREADS, cpu_count
 from ._collate import is_default_collate
 from ._sampling import index_batches
 from ._staged import Stage, StagedDataset
@@ -40,13 +41,29 @@ _END: Any = object()
 
 
 class _StageSpec:
-    __slots__ = ("op", "concurrency", "executor", "name")
+    __slots__ = ("op", "concurrency", "executor", "name", "kind")
 
-    def __init__(self, op: Any, concurrency: int, executor: Executor | None, name: str) -> None:
+    def __init__(
+        self, op: Any, concurrency: int | str, executor: Executor | None, name: str, kind: str
+    ) -> None:
         self.op = op
-        self.concurrency = concurrency
+        self.concurrency = concurrency  # or "auto"
         self.executor = executor
         self.name = name
+        self.kind = kind  # "io" or "cpu": what bounds an autotuned stage
+
+
+def _bound(concurrency: int | str, kind: str) -> int:
+    """A stage's concurrency, or for ``"auto"`` the most it may grow to: I/O stages wait,
+    so they may have many workers; CPU stages gain nothing beyond the cores."""
+    if concurrency != "auto":
+        return int(concurrency)
+    return DEFAULT_MAX_THREADS if kind == "io" else cpu_count()
+
+
+def _auto(concurrency: int | str, kind: str) -> dict[str, Any]:
+    """``pipe`` keywords bounding an autotuned stage (none for a fixed one)."""
+    return {"max_concurrency": _bound("auto", kind)} if concurrency == "auto" else {}
 
 
 class EpochIterator:
@@ -110,7 +127,7 @@ class EpochIterator:
 
     def _token_count(self) -> int:
         """Batches in flight before rebatch: enough to keep every worker of every stage busy."""
-        workers = sum(spec.concurrency for spec in self._stage_specs(dry=True))
+        workers = sum(_bound(spec.concurrency, spec.kind) for spec in self._stage_specs(dry=True))
         loader = self._loader
         per_batch = loader.batch_size if loader._auto_collation and loader.batch_size else 1
         return -(-workers // per_batch) + 2
@@ -118,19 +135,22 @@ class EpochIterator:
     def _build(self, source: Any) -> PipelineBuilder[Any, Any]:
         loader = self._loader
         cc = loader.collate_concurrency
+        cc_max = _bound(cc, "cpu")  # "auto": the most collate workers it may grow to
         ordered = "input" if loader.in_order else "completion"
         collate_fn = loader.collate_fn
         if is_default_collate(collate_fn):
             # buffers in use: the sink, the collate workers, the consumer's batch, one spare
-            collate_fn = loader._recycling_collate(self._buffer_size() + cc + 2)
+            collate_fn = loader._recycling_collate(self._buffer_size() + cc_max + 2)
         collate = Collate(collate_fn, loader._auto_collation, tagged=self._map_style)
         # Queues of batches hold just enough for their stage's workers: batches are large.
-        batch_queue = cc + 1
+        batch_queue = (min(cc_max, 4) if cc == "auto" else cc_max) + 1
         if not self._map_style:
             builder = PipelineBuilder().add_source(source)
             if loader._auto_collation:
                 builder.aggregate(loader.batch_size, drop_last=loader.drop_last)
-            builder.pipe(collate, concurrency=cc, output_order=ordered, name="collate")
+            builder.pipe(
+                collate, concurrency=cc, output_order=ordered, name="collate", **_auto(cc, "cpu")
+            )
         else:
             assert self._tokens is not None
             rebatch = Rebatch(
@@ -153,6 +173,7 @@ class EpochIterator:
                         concurrency=spec.concurrency,
                         executor=spec.executor,
                         name=spec.name,
+                        **_auto(spec.concurrency, spec.kind),
                     )
                 if cc == 1:
                     builder.pipe(RebatchCollate(rebatch, collate), name="rebatch+collate")
@@ -161,6 +182,7 @@ class EpochIterator:
                     builder.pipe(
                         collate,
                         concurrency=cc,
+                        **_auto(cc, "cpu"),
                         output_order=ordered,
                         name="collate",
                         queue_size=batch_queue,
@@ -194,16 +216,20 @@ class EpochIterator:
             else:
                 conc = loader.cpu_concurrency or workers
             if dry:
-                specs.append(_StageSpec(None, conc, None, name))
+                specs.append(_StageSpec(None, conc, None, name, step.kind))
             elif _is_async(step.fn):  # runs on the pipeline's event loop
-                specs.append(_StageSpec(stage_op(step.fn, name, None), conc, None, name))
+                specs.append(_StageSpec(stage_op(step.fn, name, None), conc, None, name, step.kind))
             elif step.executor == "process" or loader.worker_type == "process":
-                pool = loader._persistent_executor(self._base_seed) or self._process_pool(conc)
-                specs.append(_StageSpec(ProcessStep(step.fn, name), conc, pool, name))
+                # "auto" tunes the items in flight; the processes stay num_workers
+                size = max(loader.num_workers, 1) if conc == "auto" else int(conc)
+                pool = loader._persistent_executor(self._base_seed) or self._process_pool(size)
+                specs.append(_StageSpec(ProcessStep(step.fn, name), conc, pool, name, step.kind))
             else:
                 pool = loader._persistent_executor(self._base_seed)
                 group = loader._persistent_group(self._group) if pool else self._group
-                specs.append(_StageSpec(stage_op(step.fn, name, group), conc, pool, name))
+                specs.append(
+                    _StageSpec(stage_op(step.fn, name, group), conc, pool, name, step.kind)
+                )
         return specs
 
     def _process_pool(self, workers: int) -> Executor:

@@ -3,6 +3,7 @@
 Mirrors ``spdl.pipeline``: code written for it keeps working after changing the import.
 """
 
+from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
 from ._builder import (
     AggregateConfig,
     DisaggregateConfig,
@@ -13,24 +14,35 @@ from ._builder import (
 )
 from ._errors import PipelineFailure
 from ._pipeline import Pipeline
+from ._plot import plot_trace
 from ._profile import ProfileReport, StageProfile, profile_pipeline
 from ._stats import StageStats
 from ._subprocess import SubprocessError, iterate_in_subprocess, run_pipeline_in_subprocess
+from ._trace import PipelineTrace, TraceSample, TraceSpan, export_chrome_trace
 
 __all__ = [
     "AggregateConfig",
+    "AutotuneConfig",
+    "AutotuneController",
+    "AutotuneSample",
     "DisaggregateConfig",
     "PipeConfig",
     "Pipeline",
     "PipelineBuilder",
     "PipelineConfig",
     "PipelineFailure",
+    "PipelineTrace",
     "ProfileReport",
     "StageProfile",
+    "StageSample",
     "StageStats",
     "SubprocessError",
+    "TraceSample",
+    "TraceSpan",
     "build_pipeline",
+    "export_chrome_trace",
     "iterate_in_subprocess",
+    "plot_trace",
     "profile_pipeline",
     "run_pipeline_in_subprocess",
 ]

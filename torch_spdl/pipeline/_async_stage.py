@@ -2,12 +2,17 @@
 
 ``workers`` coroutines each loop: await an item, await the op, await the put. They never
 leave the event loop, so an item moves between two async stages without a thread hop.
+
+An autotuned stage starts ``max_workers`` coroutines (they cost no thread) and parks those
+above the current limit on futures of the loop; :meth:`AsyncStage.set_concurrency` may be
+called from any thread and wakes them through the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EOF, ChannelAborted
@@ -27,28 +32,68 @@ class AsyncStage(OpStage):
         super().__init__(*args, **kwargs)
         self._emitting = False
         self._window: asyncio.Semaphore | None = None  # see ThreadStage._window
+        self._parked: list[asyncio.Future[None]] = []
+        self._released = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def launch(self, runtime: Runtime) -> None:
-        for _ in range(self.workers):
-            runtime.spawn_task(self._work)
+        count = self.max_workers if self.max_workers is not None else self.workers
+        self._active = count
+        for i in range(count):
+            runtime.spawn_task(partial(self._work, i))
 
-    async def _work(self) -> None:
+    def _resize(self, n: int) -> None:
+        self._limit = n
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._wake_parked)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+
+    def _wake_parked(self) -> None:
+        parked, self._parked = self._parked, []
+        for fut in parked:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def _gate(self, index: int) -> None:
+        """Park coroutine ``index`` of an autotuned stage while it is above the limit."""
+        while index >= self._limit and not self._released:
+            fut = asyncio.get_running_loop().create_future()
+            self._parked.append(fut)
+            await fut
+
+    async def _gated_get(self, index: int) -> Any:
+        if index >= self._limit:
+            await self._gate(index)
+        return await self.inbox.aget()
+
+    async def _work(self, index: int) -> None:
+        self._loop = asyncio.get_running_loop()
         counters = self.new_counters()
+        aget = partial(self._gated_get, index) if self.auto else self.inbox.aget
+        op = self.op
+        if self.tracer is not None:
+            op = self.tracer.wrap_async(self, index, op, generator=self.kind is OpKind.ASYNC_GEN)
         try:
             if self.ordered or self.kind is OpKind.ASYNC_GEN:
-                await self._run_general(counters)
+                await self._run_general(counters, aget, op)
             else:
-                await self._run_fast(counters)
+                await self._run_fast(counters, aget, op)
         except ChannelAborted:
             pass
         except Exception as exc:
             self.crash(exc)
         finally:
+            if self.auto:
+                self._released = True
+                self._wake_parked()
             if self.leave():
                 self.outbox.close(self.upstream_error())
 
-    async def _run_fast(self, counters: Any) -> None:
-        aget, aput, op, clock = self.inbox.aget, self.outbox.aput, self.op, time.perf_counter
+    async def _run_fast(self, counters: Any, aget: Any, op: Any) -> None:
+        aput, clock = self.outbox.aput, time.perf_counter
         while True:
             item = await aget()
             if item is EOF:
@@ -66,8 +111,8 @@ class AsyncStage(OpStage):
                 await aput(out)
                 counters.num_out += 1
 
-    async def _run_general(self, counters: Any) -> None:
-        aget, aput, clock = self.inbox.aget, self.outbox.aput, time.perf_counter
+    async def _run_general(self, counters: Any, aget: Any, op: Any) -> None:
+        aput, clock = self.outbox.aput, time.perf_counter
         if self.ordered and self._window is None:
             self._window = asyncio.Semaphore(self.window)
         window = self._window
@@ -86,7 +131,7 @@ class AsyncStage(OpStage):
             outs: list[Any] = []
             try:
                 if self.kind is OpKind.ASYNC_GEN:
-                    async for out in self.op(item):
+                    async for out in op(item):
                         if out is None:
                             continue
                         if self.ordered:
@@ -95,7 +140,7 @@ class AsyncStage(OpStage):
                             await aput(out)
                             counters.num_out += 1
                 else:
-                    out = await self.op(item)
+                    out = await op(item)
                     if out is not None:
                         outs.append(out)
             except ChannelAborted:

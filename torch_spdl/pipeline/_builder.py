@@ -13,6 +13,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from ._aggregate import AggregateStage, DisaggregateStage
 from ._async_stage import AsyncStage
+from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
 from ._channel import Channel
 from ._node import Node
 from ._ops import OpKind, classify_op, op_name
@@ -34,6 +35,7 @@ T = TypeVar("T")
 U = TypeVar("U")
 
 OutputOrder = Literal["completion", "input"]
+Concurrency = int | Literal["auto"]
 
 
 @dataclass(frozen=True)
@@ -41,16 +43,30 @@ class PipeConfig:
     """One ``pipe`` stage as declared."""
 
     op: Any
-    concurrency: int = 1
+    concurrency: Concurrency = 1
     executor: Executor | None = None
     output_order: OutputOrder = "completion"
     name: str | None = None
     max_failures: int | None = None
     queue_size: int | None = None
+    max_concurrency: int | None = None
 
     @property
     def kind(self) -> OpKind:
         return classify_op(self.op)[1]
+
+    @property
+    def auto(self) -> bool:
+        """True when the autotuner chooses this stage's concurrency."""
+        return self.concurrency == "auto"
+
+    def concurrency_bound(self) -> int:
+        """The declared concurrency, or the most an autotuned stage may grow to."""
+        if not self.auto:
+            return int(self.concurrency)
+        if self.max_concurrency is not None:
+            return self.max_concurrency
+        return DEFAULT_MAX_COROUTINES if self.kind.is_async else DEFAULT_MAX_THREADS
 
     def label(self) -> str:
         return self.name or op_name(self.op)
@@ -130,12 +146,13 @@ class PipelineBuilder(Generic[T, U]):
         op: Callable[[Any], Any] | Any,
         /,
         *,
-        concurrency: int = 1,
+        concurrency: Concurrency = 1,
         executor: Executor | None = None,
         name: str | None = None,
         output_order: OutputOrder = "completion",
         max_failures: int | None = None,
         queue_size: int | None = None,
+        max_concurrency: int | None = None,
     ) -> PipelineBuilder[T, U]:
         """Apply ``op`` to every item.
 
@@ -149,10 +166,21 @@ class PipelineBuilder(Generic[T, U]):
         ``output_order="input"`` keeps the input order; ``"completion"`` emits as finished.
         ``max_failures`` overrides the value given to :meth:`build` for this stage, and
         ``queue_size`` the capacity of this stage's input queue.
+        ``concurrency="auto"`` lets the pipeline choose and adapt it while running, from 1
+        up to ``max_concurrency`` (default 64 threads, 256 coroutines); see ``build``'s
+        ``cpu_budget`` and ``memory_limit``.
         """
         _, kind = classify_op(op)
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"concurrency must be a positive int, got {concurrency!r}")
+        if concurrency != "auto" and (not isinstance(concurrency, int) or concurrency < 1):
+            raise ValueError(f"concurrency must be a positive int or 'auto', got {concurrency!r}")
+        if max_concurrency is not None:
+            if concurrency != "auto":
+                raise ValueError(
+                    "max_concurrency bounds an autotuned stage: it needs concurrency='auto', "
+                    f"got concurrency={concurrency!r}"
+                )
+            if not isinstance(max_concurrency, int) or max_concurrency < 1:
+                raise ValueError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
         if output_order not in ("completion", "input"):
             raise ValueError(f"output_order must be 'completion' or 'input', got {output_order!r}")
         if executor is not None and kind.is_async:
@@ -163,7 +191,16 @@ class PipelineBuilder(Generic[T, U]):
         if queue_size is not None and (not isinstance(queue_size, int) or queue_size < 1):
             raise ValueError(f"queue_size must be a positive int, got {queue_size!r}")
         self._stages.append(
-            PipeConfig(op, concurrency, executor, output_order, name, max_failures, queue_size)
+            PipeConfig(
+                op,
+                concurrency,
+                executor,
+                output_order,
+                name,
+                max_failures,
+                queue_size,
+                max_concurrency,
+            )
         )
         return self
 
@@ -202,6 +239,9 @@ class PipelineBuilder(Generic[T, U]):
         max_failures: int = -1,
         report_stats_interval: float = -1,
         queue_size: int | None = None,
+        cpu_budget: float | None = None,
+        memory_limit: int | None = None,
+        trace: bool = False,
     ) -> Pipeline[U]:
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
@@ -210,6 +250,10 @@ class PipelineBuilder(Generic[T, U]):
         the pipeline fails (-1: no limit). ``report_stats_interval`` > 0 logs the stage
         table every that many seconds. ``queue_size`` overrides the capacity of the queues
         between stages (default: 64 samples, or 2 per worker for batches).
+        ``cpu_budget`` (fraction of this machine's cores, default 0.4) and ``memory_limit``
+        (resident bytes, default none) bound what stages with ``concurrency="auto"`` may grow
+        to. ``trace=True`` records every item's time in every stage and the queue depths:
+        read them with :meth:`Pipeline.trace`.
         """
         return build_pipeline(
             self.get_config(),
@@ -217,6 +261,9 @@ class PipelineBuilder(Generic[T, U]):
             max_failures=max_failures,
             report_stats_interval=report_stats_interval,
             queue_size=queue_size,
+            cpu_budget=cpu_budget,
+            memory_limit=memory_limit,
+            trace=trace,
         )
 
     def __repr__(self) -> str:
@@ -244,18 +291,34 @@ def build_pipeline(
     max_failures: int = -1,
     report_stats_interval: float = -1,
     queue_size: int | None = None,
+    cpu_budget: float | None = None,
+    memory_limit: int | None = None,
+    trace: bool = False,
+    autotune: AutotuneConfig | None = None,
 ) -> Pipeline[Any]:
-    """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`."""
+    """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`.
+
+    ``autotune`` replaces the whole autotuner configuration (``cpu_budget`` and
+    ``memory_limit`` are its two usual knobs).
+    """
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be positive, got {num_threads!r}")
     if queue_size is not None and queue_size < 1:
         raise ValueError(f"queue_size must be positive, got {queue_size!r}")
+    if autotune is None:
+        autotune = AutotuneConfig(
+            **({} if cpu_budget is None else {"cpu_budget": cpu_budget}),
+            memory_limit=memory_limit,
+        )
     workers = [_workers(s, num_threads) for s in config.stages]
     channels: list[Channel[Any]] = []
     depth = 0  # how many aggregates deep: > 0 means the items are batches
     for i, spec in enumerate(config.stages):
         own = spec.queue_size if isinstance(spec, PipeConfig) else None
-        capacity = own or queue_size or queue_capacity(workers[i], batched=depth > 0)
+        # an autotuned stage's queue is sized for a few workers, not its maximum: a queue of
+        # batches sized for 64 workers would hold 128 batches
+        sized = min(workers[i], 4) if isinstance(spec, PipeConfig) and spec.auto else workers[i]
+        capacity = own or queue_size or queue_capacity(sized, batched=depth > 0)
         channels.append(Channel(capacity, name=f"{i + 1}:{spec.label()} input"))
         if isinstance(spec, AggregateConfig):
             depth += 1
@@ -274,32 +337,42 @@ def build_pipeline(
         else:
             op, kind = classify_op(spec.op)
             common = dict(
-                workers=workers[i],
+                workers=1 if spec.auto else workers[i],
                 ordered=spec.output_order == "input",
                 max_failures=max_failures if spec.max_failures is None else spec.max_failures,
+                max_workers=workers[i] if spec.auto else None,
             )
             if kind.is_async:
                 node: Node = AsyncStage(name, op, kind, inbox, outbox, **common)
             else:
                 node = ThreadStage(name, op, kind, inbox, outbox, executor=spec.executor, **common)
             nodes.append(node)
-    runtime = Runtime(nodes, channels, report_stats_interval=report_stats_interval)
+    runtime = Runtime(
+        nodes,
+        channels,
+        report_stats_interval=report_stats_interval,
+        autotune=autotune,
+        trace=trace,
+    )
     return Pipeline(runtime, channels[-1], description=_describe(config))
 
 
 def _workers(spec: StageConfig, num_threads: int | None) -> int:
+    """A stage's worker count, or for an autotuned stage the most it may grow to."""
     if not isinstance(spec, PipeConfig):
         return 1
+    bound = spec.concurrency_bound()
     if spec.executor is None and not spec.kind.is_async and num_threads is not None:
-        return min(spec.concurrency, num_threads)
-    return spec.concurrency
+        return min(bound, num_threads)
+    return bound
 
 
 def _describe(config: PipelineConfig) -> str:
     parts = ["source"]
     for spec in config.stages:
         if isinstance(spec, PipeConfig):
-            parts.append(f"{spec.label()}[{spec.concurrency}]")
+            conc = f"auto<={spec.concurrency_bound()}" if spec.auto else spec.concurrency
+            parts.append(f"{spec.label()}[{conc}]")
         else:
             parts.append(spec.label())
     parts.append(f"sink({config.buffer_size})")

@@ -22,6 +22,7 @@ from ._stats import Counters, StageStats
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
+    from ._trace import Tracer
 
 __all__ = ["Node", "OpStage"]
 
@@ -52,6 +53,16 @@ class Node:
         self._started_at = 0.0
         self._finished_at = 0.0
         self._runtime: Runtime | None = None
+
+    @property
+    def concurrency(self) -> int:
+        """How many workers may run the op now (fixed unless the stage is autotuned)."""
+        return self.workers
+
+    @property
+    def finished(self) -> bool:
+        """True once every worker has left."""
+        return bool(self._finished_at)
 
     # -- lifecycle -----------------------------------------------------------------------
     def launch(self, runtime: Runtime) -> None:
@@ -135,7 +146,7 @@ class Node:
         gets = inbox.n_gets if inbox is not None else 0
         return StageStats(
             name=self.name,
-            concurrency=self.workers,
+            concurrency=self.concurrency,
             num_in=sum(c.num_in for c in counters),
             num_out=sum(c.num_out for c in counters),
             num_failed=failed,
@@ -145,6 +156,7 @@ class Node:
             elapsed=(self._finished_at or time.perf_counter()) - self._started_at
             if self._started_at
             else 0.0,
+            max_concurrency=getattr(self, "max_workers", None),
         )
 
 
@@ -153,6 +165,11 @@ class OpStage(Node):
 
     For input order, each item gets a sequence number as it is taken, and results are
     emitted strictly by sequence number (``_pending`` holds those that finished early).
+
+    With ``max_workers`` set the stage is autotuned: ``workers`` is only where it starts,
+    and :meth:`set_concurrency` moves the number of workers allowed to take items between
+    1 and ``max_workers`` while it runs (the subclasses park the excess ones).
+    ``tracer``, when set before launch, records when each item's op started and ended.
     """
 
     def __init__(
@@ -166,12 +183,35 @@ class OpStage(Node):
         workers: int,
         ordered: bool,
         max_failures: int = -1,
+        max_workers: int | None = None,
     ) -> None:
         super().__init__(name, inbox, outbox, workers=workers, max_failures=max_failures)
         self.op = op
         self.kind = kind
-        self.ordered = ordered and workers > 1
+        self.max_workers = max_workers
+        self.auto = max_workers is not None
+        most = max_workers if max_workers is not None else workers
+        self._limit = min(workers, most)  # workers allowed to take items (autotuned stages)
+        self.ordered = ordered and most > 1
         self._next_seq = 0
         self._next_emit = 0
         self._pending: dict[int, Any] = {}
-        self.window = 2 * workers  # most items taken and not yet emitted, in input order
+        self.window = 2 * most  # most items taken and not yet emitted, in input order
+        self.tracer: Tracer | None = None
+
+    @property
+    def concurrency(self) -> int:
+        return self._limit if self.auto else self.workers
+
+    def set_concurrency(self, n: int) -> int:
+        """Allow ``n`` workers (clamped to 1..max_workers); returns the value applied."""
+        if not self.auto:
+            raise RuntimeError(f"stage {self.name!r} has a fixed concurrency")
+        assert self.max_workers is not None
+        n = max(1, min(int(n), self.max_workers))
+        self._resize(n)
+        return n
+
+    def _resize(self, n: int) -> None:
+        """Apply a new worker limit; the subclasses wake or start workers."""
+        self._limit = n

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import weakref
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
@@ -10,6 +11,7 @@ from typing import Any, Generic, TypeVar
 from ._channel import EOF, Channel, ChannelAborted
 from ._runtime import STOPPED, Runtime
 from ._stats import StageStats, format_stats
+from ._trace import PipelineTrace
 
 __all__ = ["Pipeline"]
 
@@ -110,6 +112,21 @@ class Pipeline(Generic[T]):
     def format_stats(self) -> str:
         """The stage table that ``report_stats_interval`` logs."""
         return format_stats(self.get_stats())
+
+    def trace(self) -> PipelineTrace:
+        """What a pipeline built with ``trace=True`` recorded so far (live while running).
+
+        Raises ``RuntimeError`` for a pipeline built without tracing.
+        """
+        return self._runtime.trace()
+
+    def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
+        """Write the trace as Chrome trace JSON (load it in ui.perfetto.dev)."""
+        self.trace().export_chrome_trace(path)
+
+    def plot_trace(self, path: str | os.PathLike[str], *, bin_seconds: float | None = None) -> None:
+        """Write a PNG of per-stage throughput and queue occupancy over time (matplotlib)."""
+        self.trace().plot(path, bin_seconds=bin_seconds)
 
     def _stop_as_source(self) -> None:
         """Used when this pipeline feeds another one that is stopping."""

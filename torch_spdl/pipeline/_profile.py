@@ -154,12 +154,14 @@ def profile_pipeline(
             outputs = [x for batch in inputs for x in batch]
             profiles.append(StageProfile(name, len(inputs), len(outputs), scale, 1))
         else:
-            profile = StageProfile(name, len(inputs), 0, scale, spec.concurrency)
+            # an autotuned stage is measured at the levels; its outputs come from the top one
+            declared = max(levels) if spec.auto else int(spec.concurrency)
+            profile = StageProfile(name, len(inputs), 0, scale, declared)
             outputs = []
-            for level in sorted(set(levels) | {spec.concurrency}):
+            for level in sorted(set(levels) | {declared}):
                 rate, produced, failed = _run_stage(spec, inputs, level, num_threads)
                 profile.rates[level] = rate
-                if level == spec.concurrency:
+                if level == declared:
                     outputs, profile.num_failed = produced, failed
             profile.num_outputs = len(outputs)
             profiles.append(profile)

@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from ._autotune import AutotuneConfig, Autotuner
 from ._channel import Channel
-from ._node import Node
+from ._node import Node, OpStage
 from ._stats import StatsReporter
+from ._trace import PipelineTrace, Tracer
 
 __all__ = ["Runtime", "STOPPED"]
 
@@ -41,6 +43,8 @@ class Runtime:
         *,
         report_stats_interval: float = -1,
         join_timeout: float = 30.0,
+        autotune: AutotuneConfig | None = None,
+        trace: bool = False,
     ) -> None:
         self.nodes = list(nodes)
         self.channels = list(channels)
@@ -56,6 +60,14 @@ class Runtime:
         self._reporter = (
             StatsReporter(report_stats_interval, self.stats) if report_stats_interval > 0 else None
         )
+        stages = [n for n in self.nodes if isinstance(n, OpStage)]
+        self._tracer = Tracer(stages, self.channels) if trace else None
+        tunable = autotune is not None and any(s.auto for s in stages)
+        self._autotuner = (
+            Autotuner(stages, self.channels[-1], autotune)
+            if tunable and autotune is not None
+            else None
+        )
 
     # -- registration (called by nodes from launch) -------------------------------------
     def spawn_thread(self, target: Callable[[], None], name: str) -> None:
@@ -63,6 +75,17 @@ class Runtime:
 
     def spawn_task(self, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self._task_factories.append(factory)
+
+    def start_thread(self, target: Callable[[], None], name: str) -> bool:
+        """Start one more owned thread while running (autotuned stages grow so); False once
+        the pipeline is stopping, so that shutdown joins every thread ever started."""
+        with self._lock:
+            if self._state != "running":
+                return False
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            self._threads.append(thread)
+            thread.start()
+        return True
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -81,7 +104,14 @@ class Runtime:
                 )
             if self._reporter is not None:
                 self._threads.append(self._reporter.thread)
-            for thread in self._threads:
+            if self._autotuner is not None:
+                self._threads.append(self._autotuner.thread)
+            if self._tracer is not None:
+                self._tracer.reset_origin()  # time 0 of the trace is now
+                self._threads.append(self._tracer.thread)
+            with self._lock:  # start_thread may append while these start
+                threads = list(self._threads)
+            for thread in threads:
                 thread.start()
 
     def _run_loop(self) -> None:
@@ -136,6 +166,10 @@ class Runtime:
             pass  # let a start() under way in another thread finish launching first
         if self._reporter is not None:
             self._reporter.stop()
+        if self._autotuner is not None:
+            self._autotuner.stop()
+        if self._tracer is not None:
+            self._tracer.stop()
         for node in self.nodes:
             node.on_stop()
         loop = self._loop
@@ -146,7 +180,7 @@ class Runtime:
                 pass  # the loop already finished
         deadline = time.monotonic() + self._join_timeout
         me = threading.current_thread()
-        for thread in self._threads:
+        for thread in list(self._threads):
             if thread is me or thread.ident is None:
                 continue  # our own worker (a finalizer ran there), or never started
             thread.join(max(deadline - time.monotonic(), 0.0))
@@ -164,3 +198,14 @@ class Runtime:
 
     def stats(self) -> list[Any]:
         return [node.stats() for node in self.nodes]
+
+    def trace(self) -> PipelineTrace:
+        if self._tracer is None:
+            raise RuntimeError(
+                "this pipeline was built without tracing: build it with build(..., trace=True)"
+            )
+        return self._tracer.snapshot()
+
+    @property
+    def autotuner(self) -> Autotuner | None:
+        return self._autotuner

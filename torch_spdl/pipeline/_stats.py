@@ -30,6 +30,8 @@ class StageStats:
 
     ``op_time`` is the time spent inside the op summed over workers; ``queue_depth`` is
     the mean number of items waiting in the stage's input queue each time it took one.
+    ``max_concurrency`` is set for a stage with ``concurrency="auto"``: ``concurrency`` is
+    then the value the autotuner chose last, between 1 and ``max_concurrency``.
     """
 
     name: str
@@ -41,6 +43,12 @@ class StageStats:
     queue_depth: float
     queue_capacity: int
     elapsed: float
+    max_concurrency: int | None = None
+
+    @property
+    def autotuned(self) -> bool:
+        """True for a stage declared with ``concurrency="auto"``."""
+        return self.max_concurrency is not None
 
     @property
     def throughput(self) -> float:
@@ -56,14 +64,15 @@ class StageStats:
 def format_stats(stats: Sequence[StageStats]) -> str:
     """A fixed-width table of stage snapshots, one line per stage."""
     head = (
-        f"{'stage':<28} {'conc':>4} {'in':>9} {'out':>9} {'failed':>6} "
+        f"{'stage':<28} {'conc':>7} {'in':>9} {'out':>9} {'failed':>6} "
         f"{'items/s':>10} {'ms/item':>8} {'queue':>11}"
     )
     lines = [head, "-" * len(head)]
     for s in stats:
         queue = f"{s.queue_depth:.1f}/{s.queue_capacity or 'inf'}"
+        conc = f"auto:{s.concurrency}" if s.autotuned else str(s.concurrency)
         lines.append(
-            f"{s.name[:28]:<28} {s.concurrency:>4} {s.num_in:>9} {s.num_out:>9} "
+            f"{s.name[:28]:<28} {conc:>7} {s.num_in:>9} {s.num_out:>9} "
             f"{s.num_failed:>6} {s.throughput:>10.1f} {s.mean_op_time * 1e3:>8.3f} {queue:>11}"
         )
     return "\n".join(lines)

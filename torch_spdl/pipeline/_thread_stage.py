@@ -5,6 +5,11 @@ future or executor dispatch on the default path, which is what makes the hot pat
 With a user executor (a dedicated ``ThreadPoolExecutor``, a ``ProcessPoolExecutor``), each
 worker hands its item to the executor and waits, so the executor does the work while
 ``concurrency`` bounds how many items are in flight.
+
+An autotuned stage (``concurrency="auto"``) starts its workers lazily, as the autotuner
+raises the limit, and parks the workers above the limit on a condition variable (no
+polling); only those stages pay for the check, once per item. Tracing wraps the op once per
+worker, so a stage that is not traced runs exactly the loop it runs without tracing.
 """
 
 from __future__ import annotations
@@ -38,25 +43,72 @@ class ThreadStage(OpStage):
         # In input order, at most `window` items are taken and not yet emitted, so a slow
         # head item cannot make the stage pull (and hold) the rest of the stream.
         self._window = threading.Semaphore(self.window)
+        self._parking = threading.Condition()  # autotuned stages: workers above the limit
+        self._released = False  # end of input or stop: parked workers leave
+        self._spawned = 0
 
     def launch(self, runtime: Runtime) -> None:
-        for i in range(self.workers):
-            runtime.spawn_thread(self._work, f"torch_spdl-{self.name}-{i}")
+        first = self._limit if self.auto else self.workers
+        self._spawned = first
+        self._active = first
+        for i in range(first):
+            runtime.spawn_thread(partial(self._work, i), f"torch_spdl-{self.name}-{i}")
 
-    def _work(self) -> None:
+    def _resize(self, n: int) -> None:
+        with self._parking:
+            self._limit = n
+            while self._spawned < n and not self._released and self._add_worker():
+                pass
+            self._parking.notify_all()
+
+    def _add_worker(self) -> bool:
+        """Start one more worker thread while the stage runs; False if it cannot."""
+        runtime = self._runtime
+        if runtime is None:
+            return False
+        with self._lock:
+            if self._finished_at:
+                return False
+            self._active += 1
+        i = self._spawned
+        if not runtime.start_thread(partial(self._work, i), f"torch_spdl-{self.name}-{i}"):
+            if self.leave():
+                self._finish()
+            return False
+        self._spawned += 1
+        return True
+
+    def _release(self) -> None:
+        with self._parking:
+            self._released = True
+            self._parking.notify_all()
+
+    def _gated_get(self, index: int) -> Any:
+        """``inbox.get`` for worker ``index`` of an autotuned stage: park while above the limit."""
+        if index >= self._limit:
+            self._gate(index)
+        return self.inbox.get()
+
+    def _work(self, index: int) -> None:
         counters = self.new_counters()
+        get = partial(self._gated_get, index) if self.auto else self.inbox.get
+        op = self.op
+        if self.tracer is not None:
+            op = self.tracer.wrap(self, index, op, generator=self.kind is OpKind.GEN)
         try:
             if self.executor is None and not self.ordered and self.kind is OpKind.FUNC:
-                self._run_fast(counters)
+                self._run_fast(counters, get, op)
             elif self.executor is None and not self.ordered:
-                self._run_streaming(counters)
+                self._run_streaming(counters, get, op)
             else:
-                self._run_general(counters)
+                self._run_general(counters, index)
         except ChannelAborted:
             pass
         except BaseException as exc:
             self.crash(exc)
         finally:
+            if self.auto:
+                self._release()
             if self.leave():
                 self._finish()
 
@@ -71,8 +123,8 @@ class ThreadStage(OpStage):
         self.outbox.close(self.upstream_error())
 
     # The hot path: a plain function, completion order, on our own thread.
-    def _run_fast(self, counters: Any) -> None:
-        get, put, op, clock = self.inbox.get, self.outbox.put, self.op, time.perf_counter
+    def _run_fast(self, counters: Any, get: Callable[[], Any], op: Callable[[Any], Any]) -> None:
+        put, clock = self.outbox.put, time.perf_counter
         while True:
             item = get()
             if item is EOF:
@@ -91,8 +143,10 @@ class ThreadStage(OpStage):
                 counters.num_out += 1
 
     # A generator in completion order: each output goes downstream as soon as it is made.
-    def _run_streaming(self, counters: Any) -> None:
-        get, put, op, clock = self.inbox.get, self.outbox.put, self.op, time.perf_counter
+    def _run_streaming(
+        self, counters: Any, get: Callable[[], Any], op: Callable[[Any], Any]
+    ) -> None:
+        put, clock = self.outbox.put, time.perf_counter
         while True:
             item = get()
             if item is EOF:
@@ -111,10 +165,15 @@ class ThreadStage(OpStage):
             counters.op_time += clock() - t0
 
     # Everything else: an executor, or input order, or both.
-    def _run_general(self, counters: Any) -> None:
+    def _run_general(self, counters: Any, index: int) -> None:
         get, clock = self.inbox.get, time.perf_counter
         compute = self._compute_fn()
+        if self.tracer is not None:
+            compute = self.tracer.wrap_compute(self, index, compute)
+        gate = partial(self._gate, index) if self.auto else None
         while True:
+            if gate is not None:
+                gate()
             if self.ordered:
                 self._window.acquire()
                 with self._take_lock:
@@ -171,8 +230,16 @@ class ThreadStage(OpStage):
                 self._next_emit += 1
                 self._window.release()
 
+    def _gate(self, index: int) -> None:
+        """Park worker ``index`` of an autotuned stage while it is above the limit."""
+        if index >= self._limit:
+            with self._parking:
+                while index >= self._limit and not self._released:
+                    self._parking.wait()
+
     def on_stop(self) -> None:
-        for _ in range(self.workers):  # free workers waiting for the window
+        self._release()
+        for _ in range(max(self.workers, self._spawned)):  # free workers waiting for the window
             self._window.release()
 
     def _executor_broken(self, exc: BaseException) -> None:

@@ -1,0 +1,405 @@
+"""Autotuning: the controller's decisions on synthetic samples, and one real pipeline.
+
+The controller is pure logic, so most tests drive it with a model pipeline whose throughput
+is a known function of the configuration: no clock, no threads, nothing timing-dependent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+from _sync import WAIT
+
+from torch_spdl import DataLoader, StagedDataset
+from torch_spdl.pipeline import (
+    AutotuneConfig,
+    AutotuneController,
+    AutotuneSample,
+    PipelineBuilder,
+    StageSample,
+    build_pipeline,
+)
+
+MAX = 64
+
+
+class Model:
+    """A chain of stages; ``rates[name](c)`` is what the stage can do at concurrency ``c``.
+
+    Throughput is the minimum of the rates (and of ``source``); the slowest stage's input
+    queue is full and its output empty, upstream queues are full, downstream ones empty.
+    ``cpu(config, throughput)`` and ``rss(config)`` model the resources used.
+    """
+
+    def __init__(
+        self,
+        rates: dict[str, Callable[[int], float]],
+        *,
+        tunable: tuple[str, ...] | None = None,
+        cpu: Callable[[dict[str, int], float], float] = lambda conf, tput: 0.05,
+        rss: Callable[[dict[str, int]], int | None] = lambda conf: None,
+        noise: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self.rates = rates
+        self.tunable = tunable if tunable is not None else tuple(rates)
+        self.conf = {name: 1 for name in rates}
+        self.cpu = cpu
+        self.rss = rss
+        self.noise = noise
+        self.rng = random.Random(seed)
+
+    def throughput(self) -> float:
+        return min(rate(self.conf[n]) for n, rate in self.rates.items())
+
+    def sample(self) -> AutotuneSample:
+        tput = self.throughput()
+        names = list(self.rates)
+        slowest = min(names, key=lambda n: self.rates[n](self.conf[n]))
+        at = names.index(slowest)
+        stages = []
+        for i, name in enumerate(names):
+            full_in = i <= at
+            full_out = i < at
+            stages.append(
+                StageSample(
+                    name=name,
+                    concurrency=self.conf[name],
+                    max_concurrency=MAX,
+                    tunable=name in self.tunable,
+                    in_occupancy=1.0 if full_in else 0.0,
+                    out_occupancy=1.0 if full_out else 0.0,
+                )
+            )
+        jitter = 1 + self.rng.uniform(-self.noise, self.noise)
+        return AutotuneSample(
+            throughput=tput * jitter,
+            cpu=self.cpu(self.conf, tput),
+            rss=self.rss(self.conf),
+            stages=tuple(stages),
+        )
+
+
+def run(ctl: AutotuneController, model: Model, ticks: int) -> list[dict[str, int]]:
+    """Feed ``ticks`` samples; return the configuration after each tick."""
+    history = []
+    for _ in range(ticks):
+        for name, n in ctl.step(model.sample()).items():
+            assert 1 <= n <= MAX
+            model.conf[name] = n
+        history.append(dict(model.conf))
+    return history
+
+
+def latency(per_worker: float) -> Callable[[int], float]:
+    """An I/O-bound stage: each worker adds ``per_worker`` items/s."""
+    return lambda c: per_worker * c
+
+
+def cores(per_core: float, n: int) -> Callable[[int], float]:
+    """A CPU-bound stage: scales up to ``n`` cores, then flat."""
+    return lambda c: per_core * min(c, n)
+
+
+def flat(rate: float) -> Callable[[int], float]:
+    return lambda c: rate
+
+
+def test_grows_the_bottleneck_then_the_next_one() -> None:
+    model = Model({"io": latency(100), "cpu": cores(300, 2), "serial": flat(10_000)})
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0))
+    run(ctl, model, 200)
+    assert model.throughput() == 600  # the best the model allows
+    assert model.conf["io"] >= 6 and model.conf["cpu"] == 2
+    assert ctl.phase == "steady"
+
+
+def test_grows_multiplicatively() -> None:
+    model = Model({"io": latency(10)})
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0))
+    history = run(ctl, model, 60)
+    seen = sorted({h["io"] for h in history})
+    assert seen[:7] == [1, 2, 4, 8, 16, 32, 64]
+    assert model.conf["io"] == MAX
+
+
+def test_a_fixed_stage_is_never_resized() -> None:
+    model = Model({"io": latency(100), "serial": flat(250)}, tunable=("io",))
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0))
+    run(ctl, model, 200)
+    assert model.conf["serial"] == 1
+    assert model.throughput() == 250
+    assert model.conf["io"] in (3, 4)  # enough to feed the serial stage, not more
+
+
+def test_noise_does_not_make_it_oscillate() -> None:
+    # Nothing helps: every trial is reverted and the configuration then holds.
+    model = Model({"io": flat(500)}, noise=0.03, seed=1)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0))
+    history = run(ctl, model, 500)
+    assert history[-1] == {"io": 1}
+    settled = history[50:]
+    assert all(h == settled[0] for h in settled)
+
+
+def test_settled_configuration_holds_under_noise() -> None:
+    model = Model({"io": latency(100), "cpu": cores(300, 2)}, noise=0.04, seed=2)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0))
+    history = run(ctl, model, 800)
+    tail = history[200:]
+    assert all(h == tail[0] for h in tail), "the configuration kept changing"
+    assert model.throughput() == 600
+
+
+def test_respects_the_cpu_budget() -> None:
+    # Each CPU worker costs 15% of the machine; the budget (40%) allows two of them.
+    model = Model(
+        {"io": latency(1000), "cpu": cores(100, 8)},
+        cpu=lambda conf, tput: 0.02 + 0.15 * min(conf["cpu"], 8),
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4))
+    history = run(ctl, model, 300)
+    assert model.conf["cpu"] == 2
+    kept = [h for h in history[-100:]]
+    assert all(0.02 + 0.15 * h["cpu"] <= 0.4 for h in kept)
+
+
+def test_never_grows_at_the_budget() -> None:
+    model = Model({"io": latency(100)}, cpu=lambda conf, tput: 0.5)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.5))
+    history = run(ctl, model, 100)
+    assert all(h["io"] == 1 for h in history)
+
+
+def test_shrinks_when_the_workload_pushes_it_over_the_budget() -> None:
+    heavy = {"on": False}
+    model = Model(
+        {"cpu": cores(100, 8)},
+        cpu=lambda conf, tput: (0.2 if heavy["on"] else 0.05) * conf["cpu"],
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.5))
+    run(ctl, model, 200)
+    assert model.conf["cpu"] == 8  # cheap: grows to the cores
+    heavy["on"] = True  # each item now costs 4x the CPU
+    history = run(ctl, model, 200)
+    assert model.conf["cpu"] <= 2
+    assert all(0.2 * h["cpu"] <= 0.5 * 1.1 for h in history[-100:])
+
+
+def test_respects_the_memory_limit() -> None:
+    mib = 1 << 20
+    model = Model({"io": latency(100)}, rss=lambda conf: 100 * mib + 20 * mib * conf["io"])
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0, memory_limit=300 * mib))
+    history = run(ctl, model, 200)
+    assert model.conf["io"] == 10  # the most that fits in 300 MiB
+    assert all(100 + 20 * h["io"] <= 300 for h in history[-100:])
+
+
+def test_shrinks_over_the_memory_limit() -> None:
+    mib = 1 << 20
+    extra = {"mib": 0}
+    model = Model({"io": latency(100)}, rss=lambda conf: (10 * conf["io"] + extra["mib"]) * mib)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0, memory_limit=400 * mib))
+    run(ctl, model, 200)
+    assert model.conf["io"] == 40  # the most that fits in 400 MiB
+    extra["mib"] = 200  # something else in the process took 200 MiB
+    run(ctl, model, 200)
+    assert 10 * model.conf["io"] + 200 <= 400
+
+
+def test_re_explores_when_the_workload_changes() -> None:
+    per_worker = {"rate": 100.0}
+    model = Model({"io": lambda c: per_worker["rate"] * c, "cpu": cores(700, 2)})
+    config = AutotuneConfig(cpu_budget=1.0)
+    ctl = AutotuneController(config)
+    run(ctl, model, 200)
+    assert model.conf["io"] == 16 and model.throughput() == 1400
+    per_worker["rate"] = 25.0  # the storage got 4x slower
+    history = run(ctl, model, 200)
+    assert model.conf["io"] == 64 and model.throughput() == 1400
+    settled_at = next(i for i, h in enumerate(history) if h == history[-1])
+    seconds = settled_at * config.interval
+    assert seconds < 10, f"took {seconds:.1f} s of ticks to settle"
+    assert any("workload changed" in d for d in ctl.decisions)
+
+
+def test_no_bottleneck_no_change() -> None:
+    # The consumer is the bottleneck: every queue is full, nothing to grow.
+    model = Model({"io": latency(100)})
+    sample = model.sample()
+    full = AutotuneSample(
+        throughput=100.0,
+        cpu=0.1,
+        rss=None,
+        stages=tuple(
+            StageSample(s.name, s.concurrency, MAX, True, 1.0, 1.0) for s in sample.stages
+        ),
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0))
+    for _ in range(50):
+        assert ctl.step(full) == {}
+    assert ctl.phase == "steady"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"cpu_budget": 0}, {"cpu_budget": 1.5}, {"memory_limit": 0}, {"interval": 0}],
+)
+def test_config_rejects_nonsense(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        AutotuneConfig(**kwargs)
+
+
+# -- the builder -------------------------------------------------------------------------
+def test_pipe_rejects_bad_concurrency() -> None:
+    with pytest.raises(ValueError, match="positive int or 'auto'"):
+        PipelineBuilder().add_source([1]).pipe(str, concurrency="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs concurrency='auto'"):
+        PipelineBuilder().add_source([1]).pipe(str, concurrency=2, max_concurrency=8)
+    with pytest.raises(ValueError, match="max_concurrency must be"):
+        PipelineBuilder().add_source([1]).pipe(str, concurrency="auto", max_concurrency=0)
+    with pytest.raises(ValueError, match="cpu_budget"):
+        PipelineBuilder().add_source([1]).pipe(str, concurrency="auto").build(cpu_budget=2.0)
+
+
+# -- a real pipeline ---------------------------------------------------------------------
+def _gated_source(stop: threading.Event, produced: list[int]) -> Iterator[int]:
+    i = 0
+    while not stop.is_set():
+        produced.append(i)
+        yield i
+        i += 1
+
+
+def _io(x: int) -> int:
+    time.sleep(0.005)  # releases the GIL like real I/O
+    return x
+
+
+async def _aio(x: int) -> int:
+    await asyncio.sleep(0.005)
+    return x
+
+
+@pytest.mark.parametrize("op", [_io, _aio], ids=["thread", "async"])
+@pytest.mark.parametrize("order", ["completion", "input"])
+def test_io_stage_grows_and_delivers_every_item_once(op: Callable, order: str) -> None:
+    stop, produced = threading.Event(), []
+    pipeline = (
+        PipelineBuilder()
+        .add_source(_gated_source(stop, produced))
+        .pipe(op, concurrency="auto", output_order=order)
+        .add_sink(16)
+        .build(cpu_budget=1.0)
+    )
+    assert "auto" in repr(pipeline)
+    got = []
+    deadline = time.monotonic() + 6 * WAIT
+    with pipeline.auto_stop():
+        for x in pipeline:
+            got.append(x)
+            if not stop.is_set() and (
+                pipeline.get_stats()[1].concurrency >= 4 or time.monotonic() > deadline
+            ):
+                stop.set()  # the source ends after its current item
+        stats = pipeline.get_stats()[1]
+        assert stats.autotuned and stats.max_concurrency == (64 if op is _io else 256)
+        assert stats.concurrency >= 4, pipeline.format_stats()
+        assert "auto:" in pipeline.format_stats()
+    assert sorted(got) == produced  # every item exactly once
+    if order == "input":
+        assert got == produced
+    assert not [t for t in threading.enumerate() if t.name == "torch_spdl-autotune"]
+
+
+def test_stopping_early_joins_the_controller_and_parked_workers() -> None:
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10**9))
+        .pipe(_io, concurrency="auto", max_concurrency=4)
+        .build(cpu_budget=1.0)
+    )
+    with pipeline.auto_stop():
+        for i, _ in enumerate(pipeline):
+            if i == 5:
+                break
+        assert any(t.name == "torch_spdl-autotune" for t in threading.enumerate())
+    names = [t.name for t in threading.enumerate() if t.name.startswith("torch_spdl")]
+    assert names == []
+
+
+def test_set_concurrency_parks_and_wakes_workers() -> None:
+    # Drive the stage by hand (a controller that never ticks): the resizing machinery alone.
+    gate = threading.Event()
+    running = threading.Condition()
+    entered: list[int] = []
+
+    def blocked(x: int) -> int:
+        with running:
+            entered.append(x)
+            running.notify_all()
+        gate.wait(WAIT)
+        return x
+
+    config = (
+        PipelineBuilder()
+        .add_source(range(40))
+        .pipe(blocked, concurrency="auto", max_concurrency=8)
+        .add_sink(0)
+        .get_config()
+    )
+    pipeline = build_pipeline(config, autotune=AutotuneConfig(cpu_budget=1.0, interval=3600))
+    with pipeline.auto_stop():
+        stage = pipeline._runtime.nodes[1]  # the engine's node: a white-box check
+        with running:
+            assert running.wait_for(lambda: len(entered) == 1, WAIT)
+        assert stage.set_concurrency(100) == 8  # clamped to max_concurrency
+        with running:
+            assert running.wait_for(lambda: len(entered) == 8, WAIT)  # 8 run the op at once
+        assert pipeline.get_stats()[1].concurrency == 8
+        stage.set_concurrency(1)  # the 7 others park after their current item
+        gate.set()
+        got = sorted(pipeline)
+    assert got == list(range(40))
+
+
+# -- the DataLoader ----------------------------------------------------------------------
+class _SlowStaged(StagedDataset):
+    def __len__(self) -> int:
+        return 96
+
+    def load(self, index: int) -> int:
+        time.sleep(0.001)  # I/O latency
+        return index
+
+    def process(self, raw: int) -> torch.Tensor:
+        return torch.tensor([raw])
+
+
+@pytest.mark.parametrize("worker_type", ["thread", "process"])
+def test_dataloader_auto_knobs_load_every_batch_in_order(worker_type: str) -> None:
+    loader = DataLoader(
+        _SlowStaged(),
+        batch_size=8,
+        num_workers=2 if worker_type == "process" else 0,
+        worker_type=worker_type,
+        io_concurrency="auto",
+        cpu_concurrency="auto",
+        collate_concurrency="auto",
+    )
+    for _ in range(2):  # two epochs, each with its own pipeline and controller
+        got = torch.cat([b.flatten() for b in loader]).tolist()
+        assert got == list(range(96))
+
+
+def test_dataloader_rejects_a_bad_knob() -> None:
+    with pytest.raises(ValueError, match="io_concurrency must be a positive int or 'auto'"):
+        DataLoader(_SlowStaged(), io_concurrency="many")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="buffer_size must be a positive int"):
+        DataLoader(_SlowStaged(), buffer_size="auto")  # type: ignore[arg-type]
