@@ -39,7 +39,7 @@ from torch_spdl.pipeline._autotune import cpu_count  # noqa: E402
 
 IO_S = 0.004
 BUF = bytes(1024 * 1024)
-IO_LEVELS = (1, 4, 16, 64)
+IO_LEVELS = (1, 2, 4, 6, 8, 12, 16, 32, 64)
 CPU_LEVELS = (1, 2, 4)
 latency = {"s": IO_S}  # part 2 changes it while a pipeline runs
 

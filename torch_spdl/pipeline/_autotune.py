@@ -58,9 +58,9 @@ class AutotuneConfig:
 
     cpu_budget: float = DEFAULT_CPU_BUDGET
     memory_limit: int | None = None
-    interval: float = 0.2
+    interval: float = 0.1
     settle_ticks: int = 1
-    measure_ticks: int = 2
+    measure_ticks: int = 3
     min_gain: float = 0.05
     drift: float = 0.2
     drift_windows: int = 2
@@ -227,7 +227,11 @@ class AutotuneController:
             return self._decide(cpu, rss, latest)
         why = f"gain {gain:+.0%}" if within else f"over budget (CPU {cpu:.0%})"
         self._note(f"revert {name} to {old}: {why}")
-        self._ceiling[name] = min(new, self._ceiling.get(name, new))
+        # Over budget: the limit lies between old and new, so bisect towards it later. No
+        # gain from old to new: throughput is concave in concurrency, so nothing in
+        # between gains either; the stage is saturated at old (no bisection trials).
+        limit = new if not within else old + 1
+        self._ceiling[name] = min(limit, self._ceiling.get(name, limit))
         revert = self._apply({name: old})
         self.phase = "baseline"
         if not within:
