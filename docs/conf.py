@@ -39,7 +39,7 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 # Type hints name third-party and private classes that the reference does not document.
 nitpicky = False
-suppress_warnings = ["myst.xref_missing"]
+
 
 html_theme = "alabaster"
 html_static_path = ["_static"]
