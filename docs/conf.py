@@ -40,7 +40,6 @@ napoleon_numpy_docstring = False
 # Type hints name third-party and private classes that the reference does not document.
 nitpicky = False
 
-
 html_theme = "alabaster"
 html_static_path = ["_static"]
 html_title = "torch_spdl"
