@@ -15,7 +15,7 @@ from pathlib import Path
 
 from _measure import Result, Sample
 
-CORES = os.cpu_count() or 1
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,9 @@ def _ratio(torch: Result | None, ours: Result | None, metric: str) -> tuple[str,
         return "-", "not compared"
     ratio = o[0] / t[0]
     higher_better = METRICS[metric][2]
-    if o[1] <= t[2] and t[1] <= o[2]:
+    if min(len(_values(torch, metric)), len(_values(ours, metric))) < 2:
+        verdict = "one run each: no verdict"
+    elif o[1] <= t[2] and t[1] <= o[2]:
         verdict = "no clear difference (spreads overlap)"
     elif (o[0] > t[0]) == higher_better:
         verdict = "torch_spdl better"
@@ -197,7 +199,7 @@ def _summary(results: list[Result]) -> list[str]:
                 continue
             for pair in _pairs(results, key).values():
                 _, verdict = _ratio(pair.get("torch"), pair.get("torch_spdl"), m)
-                if verdict == "not compared":
+                if verdict in ("not compared", "one run each: no verdict"):
                     continue
                 total += 1
                 counts["no clear" if verdict.startswith("no clear") else verdict] += 1
