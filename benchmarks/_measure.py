@@ -19,6 +19,7 @@ Measured for each run:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib
 import multiprocessing as mp
@@ -141,9 +142,16 @@ class Runner:
                 proc.join(self.timeout)
         finally:
             reader.close()
-            if proc.is_alive():
+            if proc.is_alive():  # timed out or stuck: take its worker processes down too
+                try:
+                    stragglers = psutil.Process(proc.pid).children(recursive=True)
+                except psutil.Error:
+                    stragglers = []
                 proc.kill()
                 proc.join()
+                for child in stragglers:
+                    with contextlib.suppress(psutil.Error):
+                        child.kill()
         if status != "ok":
             raise RuntimeError(f"{spec.fn} {dict(spec.kwargs)} ({spec.impl}) failed: {out}")
         return Sample(
