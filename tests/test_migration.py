@@ -405,3 +405,264 @@ def test_example_runs() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "same batches: OK" in done.stdout
+
+
+# -- regressions -------------------------------------------------------------------------------
+def _exec(code: str) -> dict[str, object]:
+    """Run migrated module text as a module would be imported; its namespace."""
+    namespace: dict[str, object] = {"__name__": "_migrated"}
+    exec(compile(code, "<migrated>", "exec"), namespace)
+    return namespace
+
+
+def test_plain_and_aliased_dataloader_imports_in_one_module() -> None:
+    result = migrate_source(
+        textwrap.dedent(
+            """\
+            from torch.utils.data import DataLoader, Dataset
+
+            def make(ds):
+                from torch.utils.data import DataLoader as DL, Dataset as D
+                return DL(ds), DataLoader(ds), D
+            """
+        )
+    )
+    assert result.status == "changed", result.error
+    code = result.migrated
+    assert "from torch_spdl import DataLoader, DataLoader as DL\n" in code
+    assert "    from torch.utils.data import Dataset as D\n" in code
+    loader, other, base = _exec(code)["make"]([1, 2, 3])  # type: ignore[operator]
+    assert isinstance(loader, torch_spdl.DataLoader) and isinstance(other, torch_spdl.DataLoader)
+    assert base is torch.utils.data.Dataset
+    assert migrate_source(code).status == "unchanged"
+
+
+def test_an_internal_error_fails_only_its_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torch_spdl import _cli
+    from torch_spdl.migration import _driver, migrate_paths
+
+    real = _driver.migrate_module
+
+    def buggy(module):  # a bug of the tool, on one file only
+        if "BOOM" in module.code:
+            raise TypeError("'<' not supported between instances of 'NoneType' and 'str'")
+        return real(module)
+
+    monkeypatch.setattr(_driver, "migrate_module", buggy)
+    bad, good = tmp_path / "a_bad.py", tmp_path / "b_good.py"
+    bad.write_text("from torch.utils.data import DataLoader  # BOOM\n")
+    good.write_text("from torch.utils.data import DataLoader\n")
+    results = migrate_paths([tmp_path], write=True)
+    assert [r.status for r in results] == ["error", "changed"]
+    assert results[0].error == (
+        f"internal error while migrating {bad}: TypeError: '<' not supported between "
+        "instances of 'NoneType' and 'str'"
+    )
+    assert bad.read_text() == "from torch.utils.data import DataLoader  # BOOM\n"
+    assert good.read_text() == "from torch_spdl import DataLoader\n"
+    good.write_text("from torch.utils.data import DataLoader\n")
+    assert _cli.main(["migrate", "--quiet", "--write", str(tmp_path)]) == 1
+    assert good.read_text() == "from torch_spdl import DataLoader\n"
+
+
+def test_new_imports_precede_module_level_uses() -> None:
+    result = migrate_source(
+        textwrap.dedent(
+            '''\
+            """A module with a late import."""
+
+            import torch.utils.data
+            from torch.utils.data import Dataset
+
+            LOADER = torch.utils.data.DataLoader
+
+
+            class Blobs(Dataset):
+                def __init__(self, paths):
+                    self.paths = paths
+
+                def __getitem__(self, i):
+                    data = open(self.paths[i], "rb").read()
+                    return data.upper()
+
+
+            import os  # noqa: E402
+
+            SEP = os.sep
+            '''
+        )
+    )
+    assert result.splits() == {"Blobs": SPLIT}
+    code = result.migrated
+    assert "from torch.utils.data import Dataset\nimport torch_spdl\n" in code
+    namespace = _exec(code)  # NameError when the imports come after the uses
+    assert namespace["LOADER"] is torch_spdl.DataLoader
+    assert issubclass(namespace["Blobs"], StagedDataset)  # type: ignore[arg-type]
+    assert migrate_source(code).status == "unchanged"
+
+
+def test_new_imports_follow_environment_set_up_before_torch() -> None:
+    code = migrate_source(
+        textwrap.dedent(
+            """\
+            import os
+
+            os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
+
+            import torch
+            from torch.utils.data import DataLoader, Dataset
+
+            def make(ds):
+                from torch.utils.data import DataLoader as DL
+                return DL(ds), DataLoader(ds), torch, Dataset
+            """
+        )
+    ).migrated
+    assert code.index("os.environ") < code.index("import torch\n") < code.index("torch_spdl")
+    assert "from torch.utils.data import Dataset\nfrom torch_spdl import DataLoader\n\ndef" in code
+    assert isinstance(_exec(code)["make"]([1])[0], torch_spdl.DataLoader)  # type: ignore[index,operator]
+    only_in_function = migrate_source(
+        '"""Doc."""\n\nX = 1\n\n\ndef f():\n'
+        "    from torch.utils.data import DataLoader as DL, Dataset\n"
+        "    return DL, Dataset\n"
+    ).migrated
+    assert only_in_function.startswith('"""Doc."""\n\nfrom torch_spdl import DataLoader as DL\n\nX')
+
+
+BASE = """\
+class Base(Dataset):
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __getitem__(self, i):
+        data = open(self.paths[i], "rb").read()
+        return data.upper()
+"""
+
+
+@pytest.mark.parametrize(
+    "child, overrides",
+    [
+        (
+            """\
+            class Child(Base):
+                def __getitem__(self, i):
+                    return super().__getitem__(i).lower()
+            """,
+            "Child overrides __getitem__",
+        ),
+        (
+            """\
+            class Child(Base):
+                def process(self, text):
+                    return text.strip()
+            """,
+            "Child overrides process",
+        ),
+        (
+            """\
+            class Middle(Base):
+                pass
+
+            class Leaf(Middle):
+                def __getitem__(self, i):
+                    return b""
+            """,
+            "Leaf overrides __getitem__",
+        ),
+    ],
+)
+def test_a_base_whose_subclass_overrides_getitem_stays_whole(child: str, overrides: str) -> None:
+    reason = _kept_reason(BASE + "\n\n" + textwrap.dedent(child))
+    assert reason.startswith("class Base: kept one stage")
+    assert overrides in reason
+
+
+def test_a_base_with_a_plain_subclass_is_still_split() -> None:
+    result = _migrate(BASE + "\n\nclass Child(Base):\n    def extra(self):\n        return 1\n")
+    assert result.splits() == {"Base": SPLIT}
+
+
+class _Split(StagedDataset):
+    """The shape the tool writes: __getitem__, load and process in one class."""
+
+    def __getitem__(self, index: int):
+        return self.process(self.load(index))
+
+    def load(self, index: int):
+        return index * 10
+
+    def process(self, raw):
+        return raw + 1
+
+    def __len__(self) -> int:
+        return 6
+
+
+class _Overrides(_Split):  # e.g. in another module, which the tool cannot see
+    def __getitem__(self, index: int):
+        return -super().__getitem__(index)
+
+
+class _HandWritten(StagedDataset):
+    def load(self, index: int):
+        return index * 10
+
+    def __len__(self) -> int:
+        return 6
+
+
+class _CallsSuper(_HandWritten):
+    def __getitem__(self, index: int):
+        return super().__getitem__(index) + 0.5
+
+
+class _NewProcess(_Split):
+    def process(self, raw):
+        return raw + 2
+
+
+def _loaded(dataset: StagedDataset) -> list[float]:
+    loader = torch_spdl.DataLoader(dataset, batch_size=3, num_workers=2)
+    try:
+        return [x for batch in loader for x in batch.tolist()]
+    finally:
+        loader.shutdown()
+
+
+def test_loader_runs_a_subclass_getitem_that_overrides_the_stages(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for cls in (_Overrides, _CallsSuper):
+        dataset = cls()
+        assert _loaded(dataset) == [dataset[i] for i in range(6)]
+        (stage,) = dataset.stages()
+        assert stage.kind == "cpu" and stage.name == "getitem"
+    warned = [r for r in caplog.records if "_Overrides overrides __getitem__" in r.getMessage()]
+    assert len(warned) == 1  # once per class
+    _loaded(_Overrides())
+    assert len([r for r in caplog.records if "_Overrides" in r.getMessage()]) == 1
+    for cls in (_Split, _NewProcess, _HandWritten):  # consistent: still two stages
+        dataset = cls()
+        assert [s.name for s in dataset.stages()] == ["load", "process"]
+        assert _loaded(dataset) == [dataset[i] for i in range(6)]
+    assert _NewProcess()[1] == 12
+
+
+def test_write_through_a_symlink_migrates_its_target(tmp_path: Path) -> None:
+    from torch_spdl.migration import migrate_paths
+
+    real = tmp_path / "real" / "train.py"
+    real.parent.mkdir()
+    real.write_text("from torch.utils.data import DataLoader\n")
+    real.chmod(0o754)
+    link = tmp_path / "train.py"
+    link.symlink_to(real)
+    (result,) = migrate_paths([link], write=True)
+    assert result.status == "changed" and result.written
+    assert link.is_symlink() and link.resolve() == real.resolve()
+    assert real.read_text() == "from torch_spdl import DataLoader\n"
+    assert real.stat().st_mode & 0o7777 == 0o754
+    assert sorted(p.name for p in real.parent.iterdir()) == ["train.py"]  # no temp left

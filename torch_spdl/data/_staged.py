@@ -5,12 +5,19 @@ files, HTTP; may be ``async def``) and ``process(raw)`` (CPU: decode, transforms
 DataLoader runs ``load`` with ``io_concurrency`` and ``process`` with ``cpu_concurrency``.
 ``__getitem__`` still composes the two, so the dataset keeps working with torch's own
 DataLoader and with plain indexing. For more than two steps, override :meth:`stages`.
+
+A subclass that overrides ``__getitem__`` below the class defining the stages (say, of a
+dataset split by ``torch-spdl migrate``) is run as one CPU stage calling its
+``__getitem__``: otherwise the loader would run the base's stages and skip the override.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -18,6 +25,11 @@ from typing import Any, Literal
 from torch.utils.data import Dataset
 
 __all__ = ["Stage", "StagedDataset"]
+
+_LG = logging.getLogger(__name__)
+_STAGE_METHODS = ("load", "process", "stages")
+_warned: weakref.WeakSet[type] = weakref.WeakSet()  # warned once each
+_composing = threading.local()  # inside StagedDataset.__getitem__: no fallback (recursion)
 
 StageKind = Literal["io", "cpu"]
 
@@ -50,12 +62,22 @@ class StagedDataset(Dataset):
         return raw
 
     def stages(self) -> Sequence[Stage]:
-        """The steps after the index, in order; default: ``load`` (io) then ``process`` (cpu)."""
+        """The steps after the index, in order; default: ``load`` (io) then ``process`` (cpu),
+        or one CPU stage calling ``__getitem__`` when a subclass overrides it below the
+        class that defines ``load``/``process``/``stages`` (see the module's docstring)."""
+        if not getattr(_composing, "active", False) and _getitem_overrides_stages(type(self)):
+            return [Stage(self.__getitem__, "cpu", name="getitem")]
         return [Stage(self.load, "io", name="load"), Stage(self.process, "cpu", name="process")]
 
     def __getitem__(self, index: int) -> Any:
+        outer = getattr(_composing, "active", False)
+        _composing.active = True
+        try:
+            steps = self.stages()
+        finally:
+            _composing.active = outer
         value: Any = index
-        for stage in self.stages():
+        for stage in steps:
             value = stage.fn(value)
             if inspect.isawaitable(value):
                 value = asyncio.run(_await(value))
@@ -64,3 +86,27 @@ class StagedDataset(Dataset):
 
 async def _await(value: Any) -> Any:
     return await value
+
+
+def _getitem_overrides_stages(cls: type) -> bool:
+    """Whether the ``__getitem__`` that ``cls`` uses comes from a class more derived than
+    every class defining ``load``, ``process`` or ``stages``: the stages would bypass it.
+    A class defining ``__getitem__`` together with a stage method is trusted to agree."""
+    mro = cls.__mro__
+
+    def owner(name: str) -> int:
+        return next((i for i, c in enumerate(mro) if name in c.__dict__), len(mro))
+
+    getitem = owner("__getitem__")
+    if getitem >= min(owner(m) for m in _STAGE_METHODS):
+        return False
+    if cls not in _warned:
+        _warned.add(cls)
+        _LG.warning(
+            "%s overrides __getitem__ (in %s) below the class defining its load/process "
+            "stages: torch_spdl runs its __getitem__ as one cpu stage; define load/process "
+            "(or stages) next to that __getitem__ to run them as stages",
+            cls.__qualname__,
+            mro[getitem].__qualname__,
+        )
+    return True

@@ -39,6 +39,7 @@ __all__ = ["DatasetPlan", "apply_plan", "plan_datasets"]
 
 _STAGED = frozenset({"torch_spdl.StagedDataset", "torch_spdl.data.StagedDataset"})
 _RESERVED = ("load", "process", "stages")
+_HIJACK = ", and the generated __getitem__ would call the subclass's method"
 
 
 @dataclass
@@ -67,6 +68,53 @@ def _methods(cls: cst.ClassDef) -> dict[str, cst.FunctionDef]:
     return {s.name.value: s for s in body if isinstance(s, cst.FunctionDef)}
 
 
+def _defined(cls: cst.ClassDef) -> set[str]:
+    """Names a class body defines: methods and plain assignments (``process = f``)."""
+    out = set(_methods(cls))
+    body = cls.body.body if isinstance(cls.body, cst.IndentedBlock) else []
+    for stmt in body:
+        if isinstance(stmt, cst.SimpleStatementLine):
+            for small in stmt.body:
+                targets = (
+                    [t.target for t in small.targets]
+                    if isinstance(small, cst.Assign)
+                    else [small.target]
+                    if isinstance(small, cst.AnnAssign | cst.AugAssign)
+                    else []
+                )
+                out |= {t.value for t in targets if isinstance(t, cst.Name)}
+    return out
+
+
+def _subclasses(classes: list[cst.ClassDef]) -> dict[str, list[cst.ClassDef]]:
+    """Class name -> the classes of the module that name it among their bases."""
+    out: dict[str, list[cst.ClassDef]] = {}
+    for cls in classes:
+        for arg in cls.bases:
+            value = arg.value.value if isinstance(arg.value, cst.Subscript) else arg.value
+            if isinstance(value, cst.Name):
+                out.setdefault(value.value, []).append(cls)
+    return out
+
+
+def _overriding_subclass(
+    cls: cst.ClassDef, children: dict[str, list[cst.ClassDef]]
+) -> tuple[cst.ClassDef, str] | None:
+    """A subclass of ``cls`` in the module (at any depth) that overrides ``__getitem__``
+    or one of the stage methods, which a split would bypass or hijack."""
+    todo, seen = list(children.get(cls.name.value, [])), {id(cls)}
+    while todo:
+        sub = todo.pop(0)
+        if id(sub) in seen:
+            continue
+        seen.add(id(sub))
+        hit = [m for m in ("__getitem__", *_RESERVED) if m in _defined(sub)]
+        if hit:
+            return sub, hit[0]
+        todo += children.get(sub.name.value, [])
+    return None
+
+
 def plan_datasets(
     module: cst.Module,
     imports: ImportMap,
@@ -75,7 +123,9 @@ def plan_datasets(
 ) -> dict[cst.ClassDef, DatasetPlan]:
     """Plan every Dataset class of the module; record a decision for each."""
     plans: dict[cst.ClassDef, DatasetPlan] = {}
-    for cls in (n for n in walk(module, into_scopes=True) if isinstance(n, cst.ClassDef)):
+    classes = [n for n in walk(module, into_scopes=True) if isinstance(n, cst.ClassDef)]
+    children = _subclasses(classes)
+    for cls in classes:
         name = cls.name.value
         line = line_of(cls)
         bases = _base_names(cls, imports)
@@ -113,9 +163,18 @@ def plan_datasets(
             )
             continue
         taken = [m for m in _RESERVED if m in methods]
+        overriding = _overriding_subclass(cls, children)
         if taken:
             result: SplitPlan | Refusal = Refusal(
                 f"the class already defines {', '.join(taken)}", line_of(fn)
+            )
+        elif overriding is not None:
+            sub, method = overriding
+            result = Refusal(
+                f"its subclass {sub.name.value} overrides {method} (line {line_of(sub)}): "
+                "split, torch_spdl's DataLoader would run this class's "
+                f"load and process stages for it{_HIJACK if method != '__getitem__' else ''}",
+                line_of(fn),
             )
         else:
             result = plan_split(fn, class_context(module, cls, imports), line_of)

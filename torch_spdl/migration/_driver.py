@@ -1,7 +1,8 @@
 """Files in, diffs and reports out: reading, checking, migrating and (optionally) writing.
 
 Nothing is written unless asked (``write=True``). A file that is not Python source, does
-not parse, or whose migrated text would not compile is reported and left untouched.
+not parse, whose migrated text would not compile, or on which the tool itself fails (an
+unexpected exception) is reported and left untouched; the other files are still done.
 """
 
 from __future__ import annotations
@@ -74,17 +75,27 @@ def _read(path: Path) -> str:
 
 
 def _write(path: Path, text: str, original: bytes) -> None:
-    """Replace the file atomically, keeping its encoding and permissions."""
+    """Replace the file atomically, keeping its encoding and permissions. A symbolic link
+    is followed: its target is replaced and the link kept."""
+    target = path.resolve(strict=True)
     encoding, _ = tokenize.detect_encoding(io.BytesIO(original).readline)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(text.encode(encoding))
-        os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
+        os.chmod(tmp, target.stat().st_mode & 0o7777)
+        os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _internal_error(shown: str, exc: Exception) -> FileResult:
+    """A bug of the tool on one file: reported for that file, which is left untouched."""
+    _LG.debug("internal error while migrating %s", shown, exc_info=exc)
+    return FileResult(
+        shown, "error", error=f"internal error while migrating {shown}: {type(exc).__name__}: {exc}"
+    )
 
 
 def migrate_file(path: Path, write: bool = False, display: str | None = None) -> FileResult:
@@ -101,7 +112,10 @@ def migrate_file(path: Path, write: bool = False, display: str | None = None) ->
         return FileResult(shown, "error", error=f"cannot read: {exc.strerror or exc}")
     except ValueError as exc:
         return FileResult(shown, "error", error=str(exc))
-    result = migrate_source(text, shown)
+    try:
+        result = migrate_source(text, shown)
+    except Exception as exc:  # a bug of the tool: this file fails, the others go on
+        return _internal_error(shown, exc)
     if write and result.status == "changed" and result.migrated is not None:
         try:
             _write(path, result.migrated, original)
@@ -109,6 +123,8 @@ def migrate_file(path: Path, write: bool = False, display: str | None = None) ->
             result.status = "error"
             result.error = f"cannot write: {exc.strerror or exc}"
             return result
+        except Exception as exc:  # a bug of the tool; the temporary file is removed
+            return _internal_error(shown, exc)
         result.written = True
     return result
 
@@ -136,6 +152,9 @@ def migrate_paths(paths: Iterable[str | os.PathLike[str]], write: bool = False) 
     for path, error in iter_python_files(paths):
         if error is not None:
             results.append(FileResult(str(path), "error", error=error))
-        else:
+            continue
+        try:
             results.append(migrate_file(path, write=write))
+        except Exception as exc:  # a bug of the tool: this file fails, the others go on
+            results.append(_internal_error(str(path), exc))
     return results

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ._names import dotted
+from ._names import dotted, walk
 
 __all__ = ["ensure_imports"]
 
@@ -64,14 +64,54 @@ def _with_commas(aliases: list[cst.ImportAlias], keep_last: bool) -> list[cst.Im
     return out
 
 
+def _sort_key(pair: tuple[str, str | None]) -> tuple[str, str]:
+    """Sort (name, asname) pairs; a missing asname (None) sorts first."""
+    return (pair[0], pair[1] or "")
+
+
+def _imports_torch(stmt: cst.BaseStatement) -> bool:
+    """Whether a top-level statement (a ``try``/``if`` block included, not the functions or
+    classes it defines) imports ``torch`` or ``torch_spdl`` (or a submodule)."""
+    if isinstance(stmt, cst.FunctionDef | cst.ClassDef):
+        return False
+    for node in walk(stmt):
+        if isinstance(node, cst.Import):
+            modules = [dotted(a.name) or "" for a in node.names]
+        elif isinstance(node, cst.ImportFrom) and not node.relative and node.module is not None:
+            modules = [dotted(node.module) or ""]
+        else:
+            continue
+        if any(m.split(".")[0] in ("torch", "torch_spdl") for m in modules):
+            return True
+    return False
+
+
+def _insertion_point(body: list[cst.BaseStatement]) -> int:
+    """Where new imports go: at the end of the contiguous block of imports holding the
+    module's first top-level import of torch. Every use of what the tool rewrites follows
+    that import, and no code runs between it and the new one, so torch (which torch_spdl
+    imports) is not imported earlier than the module does (e.g. before environment set-up).
+    Without an import of torch: after the docstring and the import block that follows it
+    (``__future__`` imports included), before any code."""
+    at = next((i + 1 for i, stmt in enumerate(body) if _imports_torch(stmt)), None)
+    if at is None:
+        at = 1 if body and _is_docstring_line(body[0]) else 0
+    while at < len(body) and _is_import_line(body[at]):
+        at += 1
+    return at
+
+
 def ensure_imports(
     module: cst.Module, names: list[tuple[str, str | None]], want_module: bool
 ) -> cst.Module:
     """Make ``names`` ((name, asname) pairs) importable from torch_spdl, and the module
-    itself if ``want_module``; reuses an existing ``from torch_spdl import`` line."""
+    itself if ``want_module``. The imports go where :func:`_insertion_point` says; an
+    existing ``from torch_spdl import`` line before that point is reused."""
     body = list(module.body)
+    at = _insertion_point(body)
+    names = sorted(set(names), key=_sort_key)
     if names:
-        for i, stmt in enumerate(body):
+        for i, stmt in enumerate(body[:at]):
             node = _from_torch_spdl(stmt)
             if node is None:
                 continue
@@ -80,7 +120,7 @@ def ensure_imports(
             extra = [_alias(n, a) for n, a in names if (n, a) not in have]
             if extra:
                 merged = list(node.names) + extra
-                merged = sorted(merged, key=lambda a: _key(a)[0])
+                merged = sorted(merged, key=lambda a: _sort_key(_key(a)))
                 merged = _with_commas(merged, keep_last=bool(node.rpar))
                 assert isinstance(stmt, cst.SimpleStatementLine)
                 body[i] = stmt.with_changes(body=[node.with_changes(names=merged)])
@@ -88,21 +128,26 @@ def ensure_imports(
             break
     new: list[cst.SimpleStatementLine] = []
     if names:
-        aliases = _with_commas([_alias(n, a) for n, a in sorted(set(names))], keep_last=False)
+        aliases = _with_commas([_alias(n, a) for n, a in names], keep_last=False)
         new.append(
             cst.SimpleStatementLine(
                 body=[cst.ImportFrom(module=cst.Name("torch_spdl"), names=aliases)]
             )
         )
-    if want_module and not any(_imports_torch_spdl(s) for s in body):
+    if want_module and not any(_imports_torch_spdl(s) for s in body[:at]):
         new.insert(
             0, cst.SimpleStatementLine(body=[cst.Import(names=[_alias("torch_spdl", None)])])
         )
     if new:
-        at = max((i + 1 for i, s in enumerate(body) if _is_import_line(s)), default=0)
-        if at == 0 and body and _is_docstring_line(body[0]):
-            at = 1
+        if at == 1 and _is_docstring_line(body[0]):
             new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
+        nxt = body[at] if at < len(body) else None
+        if (
+            isinstance(nxt, cst.SimpleStatementLine | cst.BaseCompoundStatement)
+            and not nxt.leading_lines
+            and not _is_import_line(nxt)
+        ):  # code right after: a blank line between it and the imports
+            body[at] = nxt.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         body[at:at] = new
     return module.with_changes(body=body)
 
