@@ -8,8 +8,9 @@ Run: ``python benchmarks/image_decode.py [--quick]``. Prints a table; asserts no
   ``Image.open().convert("RGB").resize((224, 224))``.
 - End to end, 2 workers, batch 256, JPEGs on disk in ImageFolder layout: a torch_spdl
   pipeline (read bytes -> decode+resize on threads -> aggregate -> ``convert_frames`` into one
-  buffer -> ``to_torch``) against ``torch.utils.data.DataLoader(num_workers=2)`` over
-  ``torchvision.datasets.ImageFolder`` with ``Resize((224, 224))`` + ``PILToTensor()``.
+  reused buffer (``BufferPool``) -> ``to_torch``) against
+  ``torch.utils.data.DataLoader(num_workers=2)`` over ``torchvision.datasets.ImageFolder``
+  with ``Resize((224, 224))`` + ``PILToTensor()``.
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ def spdl_epoch(paths: list[Path], batch: int) -> tuple[int, float]:
     def decode(p: Path) -> tio.ImageFrames:
         return tio.decode_image(p.read_bytes(), width=224, height=224)
 
+    pool = tio.BufferPool(max_buffers=6)  # the sink's 4 batches, one in the making, one read
+
     def collate(frames: list[tio.ImageFrames]) -> object:
-        return tio.to_torch(tio.convert_frames(frames)).permute(0, 3, 1, 2)
+        return tio.to_torch(tio.convert_frames(frames, pool=pool)).permute(0, 3, 1, 2)
 
     pipeline = (
         PipelineBuilder()

@@ -181,6 +181,26 @@ def test_convert_frames_rejects_mixed_sizes(jpeg: bytes, png: bytes) -> None:
         tio.convert_frames([a, b])
 
 
+def test_buffer_pool_reuses_a_batch_only_once_nothing_sees_it(jpeg: bytes, png: bytes) -> None:
+    pool = tio.BufferPool(max_buffers=2)
+    frames = [tio.decode_image(d, width=32, height=24) for d in (jpeg, png, jpeg)]
+    first = tio.convert_frames(frames, pool=pool)
+    np.testing.assert_array_equal(first, tio.convert_frames(frames))
+    view = tio.to_torch(first).permute(0, 3, 1, 2)[1:]  # a tensor view keeps it in use
+    addr = first.ctypes.data
+    del first
+    second = tio.convert_frames(frames, pool=pool)
+    assert second.ctypes.data != addr and len(pool) == 2
+    third = tio.convert_frames(frames, pool=pool)  # both in use: a plain allocation
+    assert len(pool) == 2 and third.ctypes.data not in (addr, second.ctypes.data)
+    del view
+    again = tio.load_image_batch([jpeg, png, jpeg], width=32, height=24, pool=pool)
+    assert again.ctypes.data == addr  # free again: reused
+    np.testing.assert_array_equal(again, second)
+    with pytest.raises(ValueError, match="max_buffers"):
+        tio.BufferPool(0)
+
+
 def test_to_torch_shares_memory(jpeg: bytes) -> None:
     buffer = tio.load_image_batch([jpeg, jpeg], width=32, height=32)
     tensor = tio.to_torch(buffer)

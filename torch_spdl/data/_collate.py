@@ -14,15 +14,14 @@ array's reference count is back to the pool's own, nothing can see it any more.
 
 from __future__ import annotations
 
-import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
+
+from .._buffers import BufferPool
 
 __all__ = ["RecyclingCollate"]
 
@@ -37,30 +36,18 @@ def _numpy_dtype(dtype: torch.dtype) -> Any:
 
 
 class _Pool:
-    """Buffers by (shape, dtype); at most ``limit`` of each kind exist at once."""
+    """:class:`~torch_spdl.io.BufferPool` handing out tensors: at most ``limit`` buffers of
+    each (shape, dtype) exist at once."""
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self._buffers: dict[tuple[Any, ...], list[np.ndarray]] = {}
-        self._lock = threading.Lock()
+        self._buffers = BufferPool(limit)
 
     def take(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
-        if _numpy_dtype(dtype) is None:
+        np_dtype = _numpy_dtype(dtype)
+        if np_dtype is None:
             return None
-        key = (shape, dtype)
-        with self._lock:
-            buffers = self._buffers.setdefault(key, [])
-            for array in buffers:
-                # references: the list, the loop variable, getrefcount's argument
-                if sys.getrefcount(array) <= 3:
-                    return torch.from_numpy(array)
-            if len(buffers) >= self.limit:
-                return None
-            # torch allocates (NumPy asks for huge pages, several times slower to fault in
-            # here); the array is only the handle whose reference count tells who uses it.
-            array = torch.empty(shape, dtype=dtype).numpy()
-            buffers.append(array)
-            return torch.from_numpy(array)
+        array = self._buffers.take(shape, np_dtype)
+        return None if array is None else torch.from_numpy(array)
 
 
 class RecyclingCollate:

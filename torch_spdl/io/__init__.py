@@ -4,7 +4,8 @@ Two layers, the names of SPDL's ``spdl.io``:
 
 - building blocks: :func:`demux_image` / :func:`demux_video` / :func:`demux_audio` ->
   :func:`decode_packets` (with a :func:`get_video_filter_desc` chain run inside FFmpeg) ->
-  :func:`convert_frames` (one contiguous NumPy buffer) -> :func:`to_torch` (a view) ->
+  :func:`convert_frames` (one contiguous NumPy buffer, reused from a :class:`BufferPool`
+  if given) -> :func:`to_torch` (a view) ->
   :func:`transfer_tensor` (pinned memory, dedicated CUDA stream);
 - one call: :func:`load_image`, :func:`load_image_batch`, :func:`load_video`,
   :func:`load_audio`.
@@ -14,6 +15,7 @@ Every input that cannot be read raises :class:`MediaError`, naming the source.
 
 from __future__ import annotations
 
+from .._buffers import BufferPool
 from ._async import (
     async_convert_frames,
     async_decode_packets,
@@ -35,6 +37,7 @@ from ._transfer import CUDAConfig, cuda_config, transfer_tensor
 
 __all__ = [
     "AudioFrames",
+    "BufferPool",
     "CUDAConfig",
     "Frames",
     "ImageFrames",

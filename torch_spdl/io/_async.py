@@ -38,9 +38,9 @@ async def async_decode_packets(packets: Packets, **kwargs: Any) -> Frames:
     return await asyncio.to_thread(decode_packets, packets, **kwargs)
 
 
-async def async_convert_frames(frames: Frames | Sequence[Frames]) -> np.ndarray:
+async def async_convert_frames(frames: Frames | Sequence[Frames], **kwargs: Any) -> np.ndarray:
     """:func:`convert_frames` on a thread."""
-    return await asyncio.to_thread(convert_frames, frames)
+    return await asyncio.to_thread(convert_frames, frames, **kwargs)
 
 
 async def async_transfer_tensor(data: Any, device: Any = None) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 import av
 import numpy as np
 
+from .._buffers import BufferPool
 from ._frames import AudioFrames, Frames
 
 _LG = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def _copy_image(frame: Any, out: np.ndarray) -> None:
     out[...] = rows.reshape(h, plane.line_size)[:, : w * c].reshape(h, w, c)
 
 
-def _convert_images(frames: list[Any]) -> np.ndarray:
+def _convert_images(frames: list[Any], pool: BufferPool | None) -> np.ndarray:
     frames = [_packed(f) for f in frames]
     first = frames[0]
     shape = (first.height, first.width, _CHANNELS[first.format.name])
@@ -45,7 +46,9 @@ def _convert_images(frames: list[Any]) -> np.ndarray:
                 f"frames differ in size or format: {f.width}x{f.height} {f.format.name} vs "
                 f"{first.width}x{first.height} {first.format.name}; resize them to one size"
             )
-    out = np.empty((len(frames), *shape), dtype=np.uint8)
+    out = pool.take((len(frames), *shape), np.uint8) if pool is not None else None
+    if out is None:
+        out = np.empty((len(frames), *shape), dtype=np.uint8)
     for i, f in enumerate(frames):
         _copy_image(f, out[i])
     return out
@@ -71,7 +74,9 @@ def _convert_audio(frames: list[Any]) -> np.ndarray:
     return out
 
 
-def convert_frames(frames: Frames | Sequence[Frames]) -> np.ndarray:
+def convert_frames(
+    frames: Frames | Sequence[Frames], *, pool: BufferPool | None = None
+) -> np.ndarray:
     """Copy frames into ONE contiguous buffer.
 
     - a sequence of :class:`ImageFrames` (a batch, all the same size) or one
@@ -79,7 +84,9 @@ def convert_frames(frames: Frames | Sequence[Frames]) -> np.ndarray:
       for ``gray``, 4 for ``rgba``; other formats are converted to ``rgb24``);
     - :class:`AudioFrames`: ``float32`` array ``(num_samples, num_channels)``.
 
-    Each frame is copied once, straight from FFmpeg's planes into its slice.
+    Each frame is copied once, straight from FFmpeg's planes into its slice. With a
+    :class:`BufferPool`, image batches land in a reused buffer (free again once every
+    array and tensor made from it is gone) instead of fresh memory.
     """
     if isinstance(frames, AudioFrames):
         return _convert_audio(frames.frames)
@@ -89,7 +96,7 @@ def convert_frames(frames: Frames | Sequence[Frames]) -> np.ndarray:
         items = [f for fr in frames for f in fr.frames]
     if not items:
         raise ValueError("no frames to convert")
-    return _convert_images(items)
+    return _convert_images(items, pool)
 
 
 def to_torch(buffer: Any) -> Any:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .._buffers import BufferPool
 from ._convert import convert_frames
 from ._decode import decode_packets, pick_lowres
 from ._demux import demux_audio, demux_image, demux_video
@@ -86,12 +87,13 @@ def load_image_batch(
     pix_fmt: str = "rgb24",
     scale_algo: str = "bilinear",
     strict: bool = True,
+    pool: BufferPool | None = None,
 ) -> np.ndarray:
     """Decode and resize images into ONE ``uint8`` buffer ``(N, height, width, C)``.
 
     With ``strict=False`` an image that fails is logged and left out (the batch is
     shorter); with ``strict=True`` (default) the first failure raises :class:`MediaError`.
-    All failing raises :class:`MediaError` either way.
+    All failing raises :class:`MediaError` either way. ``pool``: see :func:`convert_frames`.
     """
     frames: list[ImageFrames] = []
     for src in srcs:
@@ -107,7 +109,7 @@ def load_image_batch(
             _LG.warning("skipping image: %s", e)
     if not frames:
         raise MediaError(f"<batch of {len(srcs)}>", "no image could be decoded")
-    return convert_frames(frames)
+    return convert_frames(frames, pool=pool)
 
 
 def load_video(
