@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import math
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
@@ -344,6 +346,32 @@ def test_transfer_to_cuda_on_dedicated_stream() -> None:
     with ThreadPoolExecutor(2) as ex:
         list(ex.map(lambda _: in_thread(), range(2)))
     assert streams[0] is not streams[1]
+
+
+# -- fork safety ----------------------------------------------------------------------------
+_FORK_AFTER_DECODE = """
+import concurrent.futures as cf, multiprocessing as mp, sys
+import torch_spdl.io as tio
+tio.load_image(sys.stdin.buffer.read(), width=224, height=224)  # this thread keeps a scaler
+def in_other_thread():
+    with cf.ProcessPoolExecutor(2, mp_context=mp.get_context("fork")) as ex:
+        return list(ex.map(abs, [-1, -2, -3]))
+print(cf.ThreadPoolExecutor(1).submit(in_other_thread).result())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+def test_forking_from_another_thread_after_decoding_does_not_hang(jpeg: bytes) -> None:
+    """A child forked by a worker thread frees the other threads' thread-locals; the cached
+    scaler must not own threads of its own then (it did: the child hung in its free)."""
+    run = subprocess.run(
+        [sys.executable, "-c", _FORK_AFTER_DECODE],
+        input=jpeg,
+        capture_output=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    assert run.stdout.decode().strip() == "[1, 2, 3]"
 
 
 # -- the GIL --------------------------------------------------------------------------------

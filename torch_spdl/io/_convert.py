@@ -21,7 +21,7 @@ def _packed(frame: Any) -> Any:
     if frame.format.name in _CHANNELS:
         return frame
     _LG.debug("converting %s frame to rgb24 for batching", frame.format.name)
-    return frame.reformat(format="rgb24")
+    return frame.reformat(format="rgb24", threads=1)
 
 
 def _copy_image(frame: Any, out: np.ndarray) -> None:

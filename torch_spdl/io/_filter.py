@@ -51,13 +51,18 @@ class Reformat:
         if w == frame.width and h == frame.height and fmt == frame.format.name:
             return frame
         return _reformatter().reformat(
-            frame, width=w, height=h, format=fmt, interpolation=self.interpolation
+            frame, width=w, height=h, format=fmt, interpolation=self.interpolation, threads=1
         )
 
 
 def _reformatter() -> VideoReformatter:
     """A reformatter per thread: it keeps its scaler (SwsContext) between frames of one
-    geometry, which ``frame.reformat`` would rebuild for every new frame (~0.8 ms)."""
+    geometry, which ``frame.reformat`` would rebuild for every new frame (~0.8 ms).
+
+    Its scaler runs on the calling thread (``threads=1``): parallelism comes from decoding
+    several images at once, and a scaler with threads of its own, kept in a thread-local,
+    hangs a child forked from another thread (the child frees the other threads' locals,
+    and freeing the scaler joins threads that do not exist in the child)."""
     fmt = getattr(_LOCAL, "reformatter", None)
     if fmt is None:
         fmt = _LOCAL.reformatter = VideoReformatter()
