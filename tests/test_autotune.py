@@ -124,9 +124,28 @@ def test_grows_multiplicatively() -> None:
     model = Model({"io": latency(10)})
     ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0))
     history = run(ctl, model, 60)
-    seen = sorted({h["io"] for h in history})
+    seen = list(dict.fromkeys(h["io"] for h in history))  # in order of first appearance
     assert seen[:7] == [1, 2, 4, 8, 16, 32, 64]
     assert model.conf["io"] == MAX
+
+
+class ContendedModel(Model):
+    """Like :class:`Model`, but every ``io`` worker beyond 8 costs 2% of the throughput
+    (threads that compete for the cores the CPU stage needs)."""
+
+    def throughput(self) -> float:
+        return super().throughput() * (1 - 0.02 * max(0, self.conf["io"] - 8))
+
+
+def test_trims_surplus_workers_that_cost_throughput() -> None:
+    # io needs 12 workers for 600/s, so doubling takes it to 16, where the 8 surplus
+    # workers cost 16%: a quarter less (12) is both enough and cheaper, and is kept.
+    model = ContendedModel({"io": latency(50), "cpu": cores(300, 2)})
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0))
+    history = run(ctl, model, 300)
+    assert any(d.startswith("keep io=12") for d in ctl.decisions), ctl.decisions
+    assert model.conf == {"io": 12, "cpu": 2}
+    assert all(h == history[-1] for h in history[-100:])  # and then it holds
 
 
 def test_a_fixed_stage_is_never_resized() -> None:

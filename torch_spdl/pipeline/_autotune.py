@@ -61,7 +61,7 @@ class AutotuneConfig:
     interval: float = 0.1
     settle_ticks: int = 1
     measure_ticks: int = 3
-    min_gain: float = 0.05
+    min_gain: float = 0.03
     drift: float = 0.2
     drift_windows: int = 2
     cpu_tolerance: float = 0.1
@@ -120,10 +120,12 @@ class AutotuneController:
         self._window: list[AutotuneSample] = []
         self._base = 0.0  # throughput of the configuration held
         self._trial: tuple[str, int, int] | None = None  # stage, old, new
+        self._trimmed: set[str] = set()  # stages whose trim was tried at this configuration
         self._undo: list[tuple[str, int]] = []  # kept growths, newest last
         self._ceiling: dict[str, int] = {}  # a concurrency known not to help, per stage
         self._conc: dict[str, int] = {}
         self._drifted = 0
+        self._over_windows = 0
         self.decisions: list[str] = []  # what was decided and why, for logs and tests
 
     @property
@@ -177,7 +179,7 @@ class AutotuneController:
         if cpu >= self.config.cpu_budget or self._over_memory(rss):
             self._note(f"at the CPU budget ({cpu:.0%}): hold")
             return self._hold()
-        proposal = self._propose(latest)
+        proposal = self._propose(latest) or self._propose_trim(latest)
         if proposal is None:
             return self._hold()
         name, old, new = proposal
@@ -185,6 +187,22 @@ class AutotuneController:
         self.phase = "trial"
         self._note(f"try {name}: {old} -> {new} (throughput {self._base:.1f}/s)")
         return self._apply({name: new})
+
+    def _propose_trim(self, latest: AutotuneSample) -> tuple[str, int, int] | None:
+        """Nothing left to grow: try a quarter less of the tunable stage that waits most on
+        its input. On a busy machine surplus workers cost CPU that the bottleneck could use;
+        the trim is kept only if throughput rises, like any other trial."""
+        stages = [
+            s
+            for s in latest.stages
+            if s.tunable and s.name not in self._trimmed and self._conc.get(s.name, 1) > 1
+        ]
+        if not stages:
+            return None
+        s = min(stages, key=lambda s: s.in_occupancy)
+        self._trimmed.add(s.name)
+        cur = self._conc.get(s.name, s.concurrency)
+        return s.name, cur, cur - max(1, cur // 4)
 
     def _propose(self, latest: AutotuneSample) -> tuple[str, int, int] | None:
         """The bottleneck among tunable stages and the concurrency to try for it."""
@@ -218,11 +236,16 @@ class AutotuneController:
         self._trial = None
         gain = (tput - self._base) / self._base if self._base > 0 else (1.0 if tput > 0 else 0.0)
         within = cpu <= self.config.cpu_budget and not self._over_memory(rss)
+        trim = new < old
         if gain > self.config.min_gain and within:
             self._note(f"keep {name}={new}: {self._base:.1f} -> {tput:.1f}/s ({gain:+.0%})")
-            self._undo.append((name, old))
             self._base = tput
-            self._ceiling = {k: v for k, v in self._ceiling.items() if k == name}
+            if trim:  # growing back is known to be worse: that is the stage's ceiling now
+                self._ceiling[name] = old
+            else:
+                self._undo.append((name, old))
+                self._ceiling = {k: v for k, v in self._ceiling.items() if k == name}
+            self._trimmed.clear()
             self.phase = "baseline"
             return self._decide(cpu, rss, latest)
         why = f"gain {gain:+.0%}" if within else f"over budget (CPU {cpu:.0%})"
@@ -230,8 +253,9 @@ class AutotuneController:
         # Over budget: the limit lies between old and new, so bisect towards it later. No
         # gain from old to new: throughput is concave in concurrency, so nothing in
         # between gains either; the stage is saturated at old (no bisection trials).
-        limit = new if not within else old + 1
-        self._ceiling[name] = min(limit, self._ceiling.get(name, limit))
+        if not trim:
+            limit = new if not within else old + 1
+            self._ceiling[name] = min(limit, self._ceiling.get(name, limit))
         revert = self._apply({name: old})
         self.phase = "baseline"
         if not within:
@@ -260,12 +284,17 @@ class AutotuneController:
     def _hold(self) -> dict[str, int]:
         self.phase = "steady"
         self._drifted = 0
+        self._over_windows = 0
         return {}
 
     def _watch(
         self, tput: float, cpu: float, rss: int | None, latest: AutotuneSample
     ) -> dict[str, int]:
-        if self._over(cpu, rss):
+        # Holding: shrink only when two windows in a row are over, so that one noisy CPU
+        # reading at the edge of the budget does not cost a worker for good.
+        self._over_windows = self._over_windows + 1 if self._over(cpu, rss) else 0
+        if self._over_windows >= 2:
+            self._over_windows = 0
             return self._shrink(cpu, rss, latest)
         base = self._base
         shift = abs(tput - base) / base if base > 0 else (1.0 if tput > 0 else 0.0)
@@ -274,6 +303,7 @@ class AutotuneController:
             return {}
         self._note(f"workload changed: {base:.1f} -> {tput:.1f}/s; explore again")
         self._ceiling.clear()
+        self._trimmed.clear()
         self._base = tput
         self.phase = "baseline"
         return self._decide(cpu, rss, latest)
