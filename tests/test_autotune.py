@@ -285,6 +285,32 @@ def test_pipe_rejects_bad_concurrency() -> None:
         PipelineBuilder().add_source([1]).pipe(str, concurrency="auto", max_concurrency=0)
     with pytest.raises(ValueError, match="cpu_budget"):
         PipelineBuilder().add_source([1]).pipe(str, concurrency="auto").build(cpu_budget=2.0)
+    with pytest.raises(ValueError, match="initial_concurrency is where an autotuned stage"):
+        PipelineBuilder().add_source([1]).pipe(str, concurrency=2, initial_concurrency=2)
+    with pytest.raises(ValueError, match="initial_concurrency must be"):
+        PipelineBuilder().add_source([1]).pipe(str, concurrency="auto", initial_concurrency=0)
+
+
+async def _astr(x: int) -> str:
+    return str(x)
+
+
+@pytest.mark.parametrize("op", [str, _astr], ids=["thread", "async"])
+def test_an_autotuned_stage_starts_at_its_initial_concurrency(op: Callable) -> None:
+    def build(initial: int | None):  # noqa: ANN202
+        return (
+            PipelineBuilder()
+            .add_source(range(20))
+            .pipe(op, concurrency="auto", max_concurrency=8, initial_concurrency=initial)
+            .build(cpu_budget=1.0)
+        )
+
+    assert build(None).get_stats()[1].concurrency == 1
+    assert build(5).get_stats()[1].concurrency == 5
+    clamped = build(50)
+    assert clamped.get_stats()[1].concurrency == 8
+    with clamped.auto_stop():
+        assert sorted(clamped, key=int) == [str(i) for i in range(20)]
 
 
 # -- a real pipeline ---------------------------------------------------------------------

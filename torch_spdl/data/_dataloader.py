@@ -126,6 +126,8 @@ class DataLoader(_TorchDataLoader):
         self._executor_finalizer: weakref.finalize | None = None
         self._group: WorkerGroup | None = None
         self._collate: RecyclingCollate | None = None
+        # Where each "auto" stage ended last epoch: the next epoch starts there.
+        self._tuned: dict[str, int] = {}
 
     def check_worker_number_rationality(self) -> None:
         # torch warns when num_workers exceeds the cores; threads waiting on I/O are cheap,

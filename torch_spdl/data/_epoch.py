@@ -61,9 +61,16 @@ def _bound(concurrency: int | str, kind: str) -> int:
     return DEFAULT_MAX_THREADS if kind == "io" else cpu_count()
 
 
-def _auto(concurrency: int | str, kind: str) -> dict[str, Any]:
-    """``pipe`` keywords bounding an autotuned stage (none for a fixed one)."""
-    return {"max_concurrency": _bound("auto", kind)} if concurrency == "auto" else {}
+def _auto(concurrency: int | str, kind: str, start: int | None = None) -> dict[str, Any]:
+    """``pipe`` keywords bounding an autotuned stage (none for a fixed one), starting it at
+    ``start`` (where it ended the epoch before) when known."""
+    if concurrency != "auto":
+        return {}
+    most = _bound("auto", kind)
+    kw: dict[str, Any] = {"max_concurrency": most}
+    if start is not None:
+        kw["initial_concurrency"] = max(1, min(start, most))
+    return kw
 
 
 class EpochIterator:
@@ -136,6 +143,7 @@ class EpochIterator:
         loader = self._loader
         cc = loader.collate_concurrency
         cc_max = _bound(cc, "cpu")  # "auto": the most collate workers it may grow to
+        tuned = loader._tuned
         ordered = "input" if loader.in_order else "completion"
         collate_fn = loader.collate_fn
         if is_default_collate(collate_fn):
@@ -149,7 +157,11 @@ class EpochIterator:
             if loader._auto_collation:
                 builder.aggregate(loader.batch_size, drop_last=loader.drop_last)
             builder.pipe(
-                collate, concurrency=cc, output_order=ordered, name="collate", **_auto(cc, "cpu")
+                collate,
+                concurrency=cc,
+                output_order=ordered,
+                name="collate",
+                **_auto(cc, "cpu", tuned.get("collate")),
             )
         else:
             assert self._tokens is not None
@@ -173,7 +185,7 @@ class EpochIterator:
                         concurrency=spec.concurrency,
                         executor=spec.executor,
                         name=spec.name,
-                        **_auto(spec.concurrency, spec.kind),
+                        **_auto(spec.concurrency, spec.kind, tuned.get(spec.name)),
                     )
                 if cc == 1:
                     builder.pipe(RebatchCollate(rebatch, collate), name="rebatch+collate")
@@ -182,7 +194,7 @@ class EpochIterator:
                     builder.pipe(
                         collate,
                         concurrency=cc,
-                        **_auto(cc, "cpu"),
+                        **_auto(cc, "cpu", tuned.get("collate")),
                         output_order=ordered,
                         name="collate",
                         queue_size=batch_queue,
@@ -314,6 +326,9 @@ class EpochIterator:
         self._closed = True
         if self._tokens is not None:
             self._tokens.close()
+        for stats in self._pipeline.get_stats():  # where "auto" stages settled
+            if stats.max_concurrency is not None:
+                self._loader._tuned[stats.name.split(":", 1)[-1]] = stats.concurrency
         self._pipeline.stop()
         for pool in self._owned_pools:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -50,6 +50,7 @@ class PipeConfig:
     max_failures: int | None = None
     queue_size: int | None = None
     max_concurrency: int | None = None
+    initial_concurrency: int | None = None
 
     @property
     def kind(self) -> OpKind:
@@ -153,6 +154,7 @@ class PipelineBuilder(Generic[T, U]):
         max_failures: int | None = None,
         queue_size: int | None = None,
         max_concurrency: int | None = None,
+        initial_concurrency: int | None = None,
     ) -> PipelineBuilder[T, U]:
         """Apply ``op`` to every item.
 
@@ -167,8 +169,9 @@ class PipelineBuilder(Generic[T, U]):
         ``max_failures`` overrides the value given to :meth:`build` for this stage, and
         ``queue_size`` the capacity of this stage's input queue.
         ``concurrency="auto"`` lets the pipeline choose and adapt it while running, from 1
-        up to ``max_concurrency`` (default 64 threads, 256 coroutines); see ``build``'s
-        ``cpu_budget`` and ``memory_limit``.
+        up to ``max_concurrency`` (default 64 threads, 256 coroutines), starting at
+        ``initial_concurrency`` (default 1; say, what an earlier run settled on); see
+        ``build``'s ``cpu_budget`` and ``memory_limit``.
         """
         _, kind = classify_op(op)
         if concurrency != "auto" and (not isinstance(concurrency, int) or concurrency < 1):
@@ -181,6 +184,16 @@ class PipelineBuilder(Generic[T, U]):
                 )
             if not isinstance(max_concurrency, int) or max_concurrency < 1:
                 raise ValueError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
+        if initial_concurrency is not None:
+            if concurrency != "auto":
+                raise ValueError(
+                    "initial_concurrency is where an autotuned stage starts: it needs "
+                    f"concurrency='auto', got concurrency={concurrency!r}"
+                )
+            if not isinstance(initial_concurrency, int) or initial_concurrency < 1:
+                raise ValueError(
+                    f"initial_concurrency must be a positive int, got {initial_concurrency!r}"
+                )
         if output_order not in ("completion", "input"):
             raise ValueError(f"output_order must be 'completion' or 'input', got {output_order!r}")
         if executor is not None and kind.is_async:
@@ -200,6 +213,7 @@ class PipelineBuilder(Generic[T, U]):
                 max_failures,
                 queue_size,
                 max_concurrency,
+                initial_concurrency,
             )
         )
         return self
@@ -337,7 +351,7 @@ def build_pipeline(
         else:
             op, kind = classify_op(spec.op)
             common = dict(
-                workers=1 if spec.auto else workers[i],
+                workers=min(spec.initial_concurrency or 1, workers[i]) if spec.auto else workers[i],
                 ordered=spec.output_order == "input",
                 max_failures=max_failures if spec.max_failures is None else spec.max_failures,
                 max_workers=workers[i] if spec.auto else None,
