@@ -187,7 +187,7 @@ def machine() -> dict[str, str]:
     return {
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "cores": str(os.cpu_count()),
-        "usable cores": str(len(os.sched_getaffinity(0))),
+        "usable cores": str(cpu_count()),
         "CPU": _cpu_model(),
         "memory": f"{mem:.1f} GiB",
         "OS": f"{platform.system()} {platform.release()} ({platform.machine()})",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from _measure import Result, Sample
 
-CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+CORES = cpu_count()
 
 
 @dataclass(frozen=True)

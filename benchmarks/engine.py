@@ -84,15 +84,10 @@ def async_sleep(n: int) -> float:
 
 
 def _torch(n: int, workers: int) -> float:
-    from dataloader import IntDataset  # benchmarks/dataloader.py, beside this script
+    from dataloader import IntDataset, _rate  # benchmarks/dataloader.py, beside this script
     from torch.utils.data import DataLoader
 
-    loader = DataLoader(IntDataset(n), batch_size=32, num_workers=workers)
-    t0 = time.perf_counter()
-    count = sum(len(b) for b in loader)
-    elapsed = time.perf_counter() - t0
-    assert count == n
-    return n / elapsed
+    return _rate(DataLoader(IntDataset(n), batch_size=32, num_workers=workers), n)
 
 
 CASES: list[tuple[str, Callable[[int], float], int, str]] = [

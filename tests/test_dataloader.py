@@ -30,6 +30,7 @@ from _dl_helpers import (
     mark_init,
     single_collate,
 )
+from _sync import WAIT
 from torch.utils.data import (
     BatchSampler,
     Dataset,
@@ -45,7 +46,6 @@ from torch.utils.data.distributed import DistributedSampler
 
 from torch_spdl import DataLoader, Stage, StagedDataset, get_worker_info
 
-WAIT = 10.0  # seconds a barrier / event / condition may wait before the test fails
 N = 23  # samples in the matrix datasets (odd, so drop_last matters)
 
 

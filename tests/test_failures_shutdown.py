@@ -22,7 +22,7 @@ import time
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 
 import pytest
-from _sync import Gate
+from _sync import WAIT, Gate
 
 from torch_spdl.pipeline import (
     PipelineBuilder,
@@ -34,7 +34,6 @@ from torch_spdl.pipeline import (
 
 pytestmark = pytest.mark.timeout(60)
 
-WAIT = 10.0
 LOGGER = "torch_spdl.pipeline"
 
 
@@ -579,11 +578,9 @@ def test_stop_while_nested_source_starts():
 # ---------------------------------------------------------------------------------------
 def test_iterate_in_subprocess_child_exit_raises_subprocess_error():
     got = []
-    t0 = time.monotonic()
-    with pytest.raises(SubprocessError) as info:
+    with pytest.raises(SubprocessError) as info:  # a missed death would raise TimeoutError
         for x in iterate_in_subprocess(_die_midstream, timeout=30):
             got.append(x)
-    assert time.monotonic() - t0 < 30
     assert got == [0, 1, 2]
     assert "code 3" in str(info.value)
 

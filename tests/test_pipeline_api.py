@@ -18,13 +18,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
-from _sync import Gate
+from _sync import WAIT, Gate
 
 from torch_spdl.pipeline import Pipeline, PipelineBuilder, StageStats
 
 pytestmark = pytest.mark.timeout(60)
 
-WAIT = 10.0  # generous bound for any wait that should succeed at once
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,16 +25,26 @@ def pick_lowres(src_w: int, src_h: int, dst_w: int, dst_h: int) -> int:
     return 0
 
 
+def image_options(
+    codec: str, width: int, height: int, desc: str | None, options: dict[str, str] | None
+) -> dict[str, str]:
+    """Decoder options for one image: a truncated image is an error, not gray; an MJPEG
+    image much larger than the filter's target size decodes at a ``lowres`` fraction."""
+    opts = dict(options or {})
+    opts.setdefault("err_detect", "explode")
+    size = target_size(desc)
+    if codec == "mjpeg" and size is not None and "lowres" not in opts:
+        lowres = pick_lowres(width, height, *size)
+        if lowres:
+            opts["lowres"] = str(lowres)
+    return opts
+
+
 def _configure(packets: Packets, desc: str | None, options: dict[str, str] | None) -> Any:
     ctx = packets.stream.codec_context
     opts = dict(options or {})
     if packets.media_type == "image":
-        opts.setdefault("err_detect", "explode")  # a truncated image is an error, not gray
-        size = target_size(desc)
-        if ctx.name == "mjpeg" and size is not None and "lowres" not in opts:
-            lowres = pick_lowres(ctx.width, ctx.height, *size)
-            if lowres:
-                opts["lowres"] = str(lowres)
+        opts = image_options(ctx.name, ctx.width, ctx.height, desc, opts)
     if packets.media_type == "video" and "threads" not in opts:
         ctx.thread_type = "AUTO"
     if opts:

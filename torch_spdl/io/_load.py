@@ -9,10 +9,10 @@ import numpy as np
 
 from .._buffers import BufferPool
 from ._convert import convert_frames
-from ._decode import decode_packets, pick_lowres
+from ._decode import decode_packets, image_options
 from ._demux import demux_audio, demux_image, demux_video
 from ._errors import MediaError
-from ._filter import as_reformat, target_size
+from ._filter import as_reformat
 from ._filter_desc import get_audio_filter_desc, get_video_filter_desc
 from ._frames import ImageFrames, VideoFrames
 from ._input import Source, describe, read_bytes
@@ -45,10 +45,7 @@ def decode_image(
     reformat = as_reformat(desc)
     size = jpeg_size(data) if reformat is not None and is_jpeg(data) else None
     if reformat is not None and size is not None:  # the common case: a JPEG, resized
-        options = {"err_detect": "explode"}  # a truncated image is an error, not gray
-        target = target_size(desc)
-        if target is not None and (lowres := pick_lowres(*size, *target)):
-            options["lowres"] = str(lowres)
+        options = image_options("mjpeg", *size, desc, None)
         frame = reformat.apply(decode_jpeg(data, label, options))
         return ImageFrames(label, [frame])
     frames = decode_packets(demux_image(data, name=label), filter_desc=desc)

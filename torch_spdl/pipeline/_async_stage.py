@@ -37,7 +37,7 @@ class AsyncStage(OpStage):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def launch(self, runtime: Runtime) -> None:
-        count = self.max_workers if self.max_workers is not None else self.workers
+        count = self.most_workers
         self._active = count
         for i in range(count):
             runtime.spawn_task(partial(self._work, i))
@@ -65,6 +65,7 @@ class AsyncStage(OpStage):
             await fut
 
     async def _gated_get(self, index: int) -> Any:
+        # Checked here too: awaiting _gate would make a coroutine for every item.
         if index >= self._limit:
             await self._gate(index)
         return await self.inbox.aget()
@@ -115,7 +116,7 @@ class AsyncStage(OpStage):
         aput, clock = self.outbox.aput, time.perf_counter
         if self.ordered and self._window is None:
             self._window = asyncio.Semaphore(self.window)
-        window = self._window
+        window, ordered, is_gen = self._window, self.ordered, self.kind is OpKind.ASYNC_GEN
         while True:
             if window is not None:
                 await window.acquire()
@@ -130,11 +131,11 @@ class AsyncStage(OpStage):
             t0 = clock()
             outs: list[Any] = []
             try:
-                if self.kind is OpKind.ASYNC_GEN:
+                if is_gen:
                     async for out in op(item):
                         if out is None:
                             continue
-                        if self.ordered:
+                        if ordered:
                             outs.append(out)
                         else:
                             await aput(out)
@@ -148,7 +149,7 @@ class AsyncStage(OpStage):
             except Exception as exc:  # what a generator yielded before it raised is kept
                 self.record_failure(item, exc)
             counters.op_time += clock() - t0
-            if self.ordered:
+            if ordered:
                 await self._emit_in_order(seq, outs, counters)
 
     async def _emit_in_order(self, seq: int, outs: list[Any], counters: Any) -> None:

@@ -353,6 +353,8 @@ class Autotuner:
     ) -> None:
         self.stages = list(stages)
         self.sink = sink
+        self._by_name = {s.name: s for s in self.stages}
+        self._channels = [s.inbox for s in self.stages] + [sink]  # each stage's input, sink
         self.controller = AutotuneController(config)
         self._cores = cpu_count()
         self._stop = threading.Event()
@@ -363,8 +365,7 @@ class Autotuner:
 
     def _raw(self) -> tuple[float, float, list[tuple[int, int]]]:
         times = os.times()
-        chans = [(s.inbox.n_gets, s.inbox.depth_sum) for s in self.stages]
-        chans.append((self.sink.n_gets, self.sink.depth_sum))
+        chans = [(c.n_gets, c.depth_sum) for c in self._channels]
         return time.perf_counter(), times.user + times.system, chans
 
     def _run(self) -> None:
@@ -382,22 +383,21 @@ class Autotuner:
             cur = self._raw()
             sample = self._sample(prev, cur)
             prev = cur
-            by_name = {s.name: s for s in self.stages}
             for name, n in self.controller.step(sample).items():
-                by_name[name].set_concurrency(n)
+                self._by_name[name].set_concurrency(n)
 
     def _sample(self, prev: Any, cur: Any) -> AutotuneSample:
         (t0, cpu0, ch0), (t1, cpu1, ch1) = prev, cur
         wall = max(t1 - t0, 1e-9)
-        occ = []
-        channels = [s.inbox for s in self.stages] + [self.sink]
-        for c, (g0, d0), (g1, d1) in zip(channels, ch0, ch1, strict=True):
-            occ.append(_occupancy(c, g1 - g0, d1 - d0))
+        occ = [
+            _occupancy(c, g1 - g0, d1 - d0)
+            for c, (g0, d0), (g1, d1) in zip(self._channels, ch0, ch1, strict=True)
+        ]
         stages = tuple(
             StageSample(
                 name=s.name,
                 concurrency=s.concurrency,
-                max_concurrency=s.max_workers if s.max_workers is not None else s.workers,
+                max_concurrency=s.most_workers,
                 tunable=s.auto,
                 in_occupancy=occ[i],
                 out_occupancy=self._out_occupancy(i, occ),

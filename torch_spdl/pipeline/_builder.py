@@ -176,24 +176,18 @@ class PipelineBuilder(Generic[T, U]):
         _, kind = classify_op(op)
         if concurrency != "auto" and (not isinstance(concurrency, int) or concurrency < 1):
             raise ValueError(f"concurrency must be a positive int or 'auto', got {concurrency!r}")
-        if max_concurrency is not None:
+        for knob, value, role in (
+            ("max_concurrency", max_concurrency, "bounds an autotuned stage"),
+            ("initial_concurrency", initial_concurrency, "is where an autotuned stage starts"),
+        ):
+            if value is None:
+                continue
             if concurrency != "auto":
                 raise ValueError(
-                    "max_concurrency bounds an autotuned stage: it needs concurrency='auto', "
-                    f"got concurrency={concurrency!r}"
+                    f"{knob} {role}: it needs concurrency='auto', got concurrency={concurrency!r}"
                 )
-            if not isinstance(max_concurrency, int) or max_concurrency < 1:
-                raise ValueError(f"max_concurrency must be a positive int, got {max_concurrency!r}")
-        if initial_concurrency is not None:
-            if concurrency != "auto":
-                raise ValueError(
-                    "initial_concurrency is where an autotuned stage starts: it needs "
-                    f"concurrency='auto', got concurrency={concurrency!r}"
-                )
-            if not isinstance(initial_concurrency, int) or initial_concurrency < 1:
-                raise ValueError(
-                    f"initial_concurrency must be a positive int, got {initial_concurrency!r}"
-                )
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{knob} must be a positive int, got {value!r}")
         if output_order not in ("completion", "input"):
             raise ValueError(f"output_order must be 'completion' or 'input', got {output_order!r}")
         if executor is not None and kind.is_async:

@@ -32,6 +32,8 @@ _LG = logging.getLogger("torch_spdl.pipeline")
 class Node:
     """Base class of sources and stages. Subclasses implement :meth:`launch`."""
 
+    max_workers: int | None = None  # set for an autotuned stage: the most it may grow to
+
     def __init__(
         self,
         name: str,
@@ -156,7 +158,7 @@ class Node:
             elapsed=(self._finished_at or time.perf_counter()) - self._started_at
             if self._started_at
             else 0.0,
-            max_concurrency=getattr(self, "max_workers", None),
+            max_concurrency=self.max_workers,
         )
 
 
@@ -191,7 +193,8 @@ class OpStage(Node):
         self.max_workers = max_workers
         self.auto = max_workers is not None
         most = max_workers if max_workers is not None else workers
-        self._limit = min(workers, most)  # workers allowed to take items (autotuned stages)
+        self.most_workers = most  # the most workers this stage ever runs
+        self._limit = min(workers, most)  # workers allowed to take items (== workers if fixed)
         self.ordered = ordered and most > 1
         self._next_seq = 0
         self._next_emit = 0
@@ -201,7 +204,7 @@ class OpStage(Node):
 
     @property
     def concurrency(self) -> int:
-        return self._limit if self.auto else self.workers
+        return self._limit
 
     def set_concurrency(self, n: int) -> int:
         """Allow ``n`` workers (clamped to 1..max_workers); returns the value applied."""

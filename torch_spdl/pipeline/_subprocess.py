@@ -160,25 +160,22 @@ class _BuildAndIterate:
 def run_pipeline_in_subprocess(
     builder: Any,
     *,
-    num_threads: int | None = None,
-    max_failures: int = -1,
-    report_stats_interval: float = -1,
-    queue_size: int | None = None,
-    **kwargs: Any,
+    buffer_size: int = 3,
+    initializer: Callable[[], None] | None = None,
+    mp_context: str | None = "spawn",
+    timeout: float | None = None,
+    **build_kwargs: Any,
 ) -> Iterator[Any]:
     """Build ``builder`` in a child process, run it there, and yield its items here.
 
-    The build arguments are those of :meth:`PipelineBuilder.build`; ``kwargs`` go to
-    :func:`iterate_in_subprocess` (``buffer_size``, ``initializer``, ``mp_context``,
-    ``timeout``).
+    ``buffer_size``, ``initializer``, ``mp_context`` and ``timeout`` are those of
+    :func:`iterate_in_subprocess`; every other keyword goes to
+    :meth:`PipelineBuilder.build` in the child.
     """
-    factory = _BuildAndIterate(
-        builder,
-        dict(
-            num_threads=num_threads,
-            max_failures=max_failures,
-            report_stats_interval=report_stats_interval,
-            queue_size=queue_size,
-        ),
+    return iterate_in_subprocess(
+        _BuildAndIterate(builder, build_kwargs),
+        buffer_size=buffer_size,
+        initializer=initializer,
+        mp_context=mp_context,
+        timeout=timeout,
     )
-    return iterate_in_subprocess(factory, **kwargs)

@@ -48,7 +48,7 @@ class ThreadStage(OpStage):
         self._spawned = 0
 
     def launch(self, runtime: Runtime) -> None:
-        first = self._limit if self.auto else self.workers
+        first = self._limit
         self._spawned = first
         self._active = first
         for i in range(first):
@@ -85,21 +85,21 @@ class ThreadStage(OpStage):
 
     def _gated_get(self, index: int) -> Any:
         """``inbox.get`` for worker ``index`` of an autotuned stage: park while above the limit."""
-        if index >= self._limit:
-            self._gate(index)
+        self._gate(index)
         return self.inbox.get()
 
     def _work(self, index: int) -> None:
         counters = self.new_counters()
         get = partial(self._gated_get, index) if self.auto else self.inbox.get
-        op = self.op
-        if self.tracer is not None:
-            op = self.tracer.wrap(self, index, op, generator=self.kind is OpKind.GEN)
         try:
-            if self.executor is None and not self.ordered and self.kind is OpKind.FUNC:
-                self._run_fast(counters, get, op)
-            elif self.executor is None and not self.ordered:
-                self._run_streaming(counters, get, op)
+            if self.executor is None and not self.ordered:
+                op = self.op
+                if self.tracer is not None:
+                    op = self.tracer.wrap(self, index, op, generator=self.kind is OpKind.GEN)
+                if self.kind is OpKind.FUNC:
+                    self._run_fast(counters, get, op)
+                else:
+                    self._run_streaming(counters, get, op)
             else:
                 self._run_general(counters, index)
         except ChannelAborted:
@@ -166,15 +166,15 @@ class ThreadStage(OpStage):
 
     # Everything else: an executor, or input order, or both.
     def _run_general(self, counters: Any, index: int) -> None:
-        get, clock = self.inbox.get, time.perf_counter
+        get, put, clock, ordered = self.inbox.get, self.outbox.put, time.perf_counter, self.ordered
         compute = self._compute_fn()
         if self.tracer is not None:
-            compute = self.tracer.wrap_compute(self, index, compute)
+            compute = self.tracer.wrap(self, index, compute, generator=False)
         gate = partial(self._gate, index) if self.auto else None
         while True:
             if gate is not None:
                 gate()
-            if self.ordered:
+            if ordered:
                 self._window.acquire()
                 with self._take_lock:
                     item = get()
@@ -198,11 +198,11 @@ class ThreadStage(OpStage):
             except Exception as exc:  # what a generator yielded before it raised is kept
                 self.record_failure(item, exc)
             counters.op_time += clock() - t0
-            if self.ordered:
+            if ordered:
                 self._emit_in_order(seq, outs, counters)
             else:
                 for out in outs:
-                    self.outbox.put(out)
+                    put(out)
                     counters.num_out += 1
 
     def _compute_fn(self) -> Callable[[Any, list[Any]], None]:

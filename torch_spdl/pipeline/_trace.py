@@ -192,7 +192,8 @@ class Tracer:
     def wrap(
         self, stage: Node, worker: int, op: Callable[[Any], Any], *, generator: bool
     ) -> Callable[[Any], Any]:
-        """``op`` recording one span per call (a generator: until it is exhausted)."""
+        """``op`` recording one span per call (a generator: until it is exhausted). A plain
+        op may take any arguments (the general thread path's ``compute(item, outs)``)."""
         append = self._buffer(stage, worker).stamps.append
         clock = time.perf_counter_ns
 
@@ -208,27 +209,10 @@ class Tracer:
 
             return traced_gen
 
-        def traced(item: Any) -> Any:
+        def traced(*args: Any) -> Any:
             t0 = clock()
             try:
-                return op(item)
-            finally:
-                append(t0)
-                append(clock())
-
-        return traced
-
-    def wrap_compute(
-        self, stage: Node, worker: int, compute: Callable[[Any, list[Any]], None]
-    ) -> Callable[[Any, list[Any]], None]:
-        """The general thread path's ``compute(item, outs)``, recording one span per call."""
-        append = self._buffer(stage, worker).stamps.append
-        clock = time.perf_counter_ns
-
-        def traced(item: Any, outs: list[Any]) -> None:
-            t0 = clock()
-            try:
-                compute(item, outs)
+                return op(*args)
             finally:
                 append(t0)
                 append(clock())
