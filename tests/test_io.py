@@ -219,6 +219,7 @@ def test_async_load_image_batch(jpeg: bytes) -> None:
     cfg = tio.cuda_config(device_index=0)
     on_gpu = asyncio.run(tio.async_load_image_batch([jpeg], width=16, height=16, cuda_config=cfg))
     assert isinstance(on_gpu, torch.Tensor) and on_gpu.shape == (1, 16, 16, 3)
+    assert on_gpu.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 # -- video and audio ------------------------------------------------------------------------

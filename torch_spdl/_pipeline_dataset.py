@@ -18,7 +18,8 @@ import torch.utils.data
 from .pipeline import PipelineBuilder, PipelineConfig, build_pipeline
 from .pipeline._builder import PipeConfig
 from .pipeline._ops import OpKind
-from .source import DistributedRandomSampler, detect_rank_and_world_size
+from .source import DistributedRandomSampler
+from .source._distributed import resolve_rank_and_world_size
 
 __all__ = ["PipelineDataset"]
 
@@ -153,12 +154,7 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
         return builder.get_config()
 
     def _rank_and_world_size(self) -> tuple[int, int]:
-        detected_rank, detected_world = detect_rank_and_world_size()
-        rank = detected_rank if self.rank is None else self.rank
-        world = detected_world if self.world_size is None else self.world_size
-        if world < 1 or not 0 <= rank < world:
-            raise ValueError(f"invalid rank {rank} for world_size {world}")
-        return rank, world
+        return resolve_rank_and_world_size(self.rank, self.world_size)
 
     def _shard_of(self, source: Any) -> tuple[int, int]:
         """``(shard, num_shards)`` of the current process for ``source``."""

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
 
 from ._collate import RecyclingCollate
-from ._epoch import EpochIterator, make_process_pool
+from ._epoch import EpochIterator, make_process_pool, set_rng_state
 from ._worker import WorkerGroup
 
 __all__ = ["DataLoader"]
@@ -197,9 +197,6 @@ class DataLoader(_TorchDataLoader):
         if state.get("rng_state") is None:
             return
         if state.get("exhausted"):  # start the next epoch from where the RNG stood
-            if self.generator is not None:
-                self.generator.set_state(state["rng_state"])
-            else:
-                torch.set_rng_state(state["rng_state"])
+            set_rng_state(self.generator, state["rng_state"])
             return
         self._resume = dict(state)

@@ -73,6 +73,19 @@ def _auto(concurrency: int | str, kind: str, start: int | None = None) -> dict[s
     return kw
 
 
+def rng_state(gen: torch.Generator | None) -> torch.Tensor:
+    """The state of the loader's generator, or of torch's global RNG without one."""
+    return gen.get_state() if gen is not None else torch.get_rng_state()
+
+
+def set_rng_state(gen: torch.Generator | None, state: torch.Tensor) -> None:
+    """Restore what :func:`rng_state` returned."""
+    if gen is not None:
+        gen.set_state(state)
+    else:
+        torch.set_rng_state(state)
+
+
 class EpochIterator:
     """Iterator over one epoch's batches. Nothing in the pipeline refers back to it, so
     dropping it stops the pipeline at once."""
@@ -85,11 +98,8 @@ class EpochIterator:
         self._exhausted = False
         gen = loader.generator
         if resume is not None:  # replay the epoch's random draws
-            if gen is not None:
-                gen.set_state(resume["rng_state"])
-            else:
-                torch.set_rng_state(resume["rng_state"])
-        self._rng_state = gen.get_state() if gen is not None else torch.get_rng_state()
+            set_rng_state(gen, resume["rng_state"])
+        self._rng_state = rng_state(gen)
         self._watermark: int = resume["delivered"] if resume else 0  # batches [0, w) delivered
         self._extra: set[int] = set(resume["extra"]) if resume else set()
         if self._map_style:
@@ -297,8 +307,7 @@ class EpochIterator:
     def state_dict(self) -> dict[str, Any]:
         if self._exhausted or self._all_delivered():
             # The epoch is over: what matters is the RNG state the next epoch starts from.
-            gen = self._loader.generator
-            state = gen.get_state() if gen is not None else torch.get_rng_state()
+            state = rng_state(self._loader.generator)
             return {"epoch": self._loader._epoch, "rng_state": state, "exhausted": True}
         return {
             "epoch": self._loader._epoch,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ._convert import convert_frames
+from ._convert import convert_frames, to_torch
 from ._decode import decode_packets
 from ._demux import Packets, demux_audio, demux_image, demux_video
 from ._frames import Frames
@@ -49,23 +49,16 @@ async def async_transfer_tensor(data: Any, device: Any = None) -> Any:
 
 
 async def async_load_image_batch(
-    srcs: Sequence[Source],
-    *,
-    width: int,
-    height: int,
-    pix_fmt: str = "rgb24",
-    strict: bool = True,
-    cuda_config: CUDAConfig | None = None,
+    srcs: Sequence[Source], *, cuda_config: CUDAConfig | None = None, **kwargs: Any
 ) -> Any:
-    """:func:`load_image_batch` on a thread; with ``cuda_config`` the batch (as a tensor)
-    is then sent to that GPU with :func:`transfer_tensor` (a no-op without CUDA)."""
+    """:func:`load_image_batch` (same keywords) on a thread; with ``cuda_config`` the batch
+    (as a tensor) is then sent to that GPU with :func:`transfer_tensor` (a no-op without
+    CUDA)."""
 
     def run() -> Any:
-        buf = load_image_batch(srcs, width=width, height=height, pix_fmt=pix_fmt, strict=strict)
+        buf = load_image_batch(srcs, **kwargs)
         if cuda_config is None:
             return buf
-        from ._convert import to_torch
-
         return transfer_tensor(to_torch(buf), cuda_config)
 
     return await asyncio.to_thread(run)

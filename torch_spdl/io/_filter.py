@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ def _reformatter() -> VideoReformatter:
     return fmt
 
 
+@functools.lru_cache(maxsize=64)  # parsed once per distinct chain, not once per image
 def as_reformat(desc: str | None) -> Reformat | None:
     """Return a :class:`Reformat` when ``desc`` is only ``scale``/``format``, else None."""
     width = height = pix_fmt = None
@@ -88,6 +90,7 @@ def as_reformat(desc: str | None) -> Reformat | None:
     return Reformat(width, height, pix_fmt, interpolation)
 
 
+@functools.lru_cache(maxsize=64)
 def target_size(desc: str | None) -> tuple[int, int] | None:
     """The explicit ``scale`` size in ``desc`` (both sides positive), if any."""
     for name, args in parse_filter_desc(desc):

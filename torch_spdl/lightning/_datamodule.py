@@ -14,9 +14,6 @@ from ..source import DistributedRandomSampler
 
 __all__ = ["FunctionDataset", "LightningDistributedRandomSampler", "StagedDataModule"]
 
-_SPLITS = ("train", "val", "test", "predict")
-
-
 class FunctionDataset(StagedDataset):
     """A :class:`~torch_spdl.StagedDataset` made of functions: sample ``i`` is
     ``process(load(keys[i]))``. ``load`` (I/O) may be ``async def``; ``process`` (CPU) is
@@ -63,11 +60,6 @@ class LightningDistributedRandomSampler(DistributedRandomSampler, DistributedSam
     already sharded indices a second time. This class only adds the ``isinstance`` answer and
     the ``num_replicas`` name Lightning reads; sampling is ``DistributedRandomSampler``'s.
     """
-
-    __init__ = DistributedRandomSampler.__init__
-    __iter__ = DistributedRandomSampler.__iter__
-    __len__ = DistributedRandomSampler.__len__
-    set_epoch = DistributedRandomSampler.set_epoch
 
     @property
     def num_replicas(self) -> int:
@@ -158,7 +150,7 @@ class StagedDataModule(pl.LightningDataModule):
         return cls(**datasets, **kwargs)
 
     # -- loaders ---------------------------------------------------------------------------
-    def _loader(self, dataset: Dataset | None, split: str, **kwargs: Any) -> Any:
+    def _loader(self, dataset: Dataset | None, **kwargs: Any) -> Any:
         if dataset is None:  # Lightning reads an empty list as "no such loader"
             return []
         return DataLoader(
@@ -174,13 +166,10 @@ class StagedDataModule(pl.LightningDataModule):
         )
 
     def _rank_and_world(self) -> tuple[int | None, int | None]:
-        trainer = self._trainer_or_none()
+        trainer = getattr(self, "trainer", None)  # None until attached to a Trainer
         if trainer is None:
             return None, None  # DistributedRandomSampler detects them
         return trainer.global_rank, trainer.world_size
-
-    def _trainer_or_none(self) -> pl.Trainer | None:
-        return getattr(self, "trainer", None)
 
     def train_dataloader(self) -> DataLoader:
         dataset = self.train_dataset
@@ -195,7 +184,7 @@ class StagedDataModule(pl.LightningDataModule):
             drop_last=self.drop_last,
             shuffle=self.shuffle,
         )
-        loader = self._loader(dataset, "train", sampler=sampler)
+        loader = self._loader(dataset, sampler=sampler)
         if self._pending_state is not None:
             loader.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -203,13 +192,13 @@ class StagedDataModule(pl.LightningDataModule):
         return loader
 
     def val_dataloader(self) -> Any:
-        return self._loader(self.val_dataset, "val")
+        return self._loader(self.val_dataset)
 
     def test_dataloader(self) -> Any:
-        return self._loader(self.test_dataset, "test")
+        return self._loader(self.test_dataset)
 
     def predict_dataloader(self) -> Any:
-        return self._loader(self.predict_dataset, "predict")
+        return self._loader(self.predict_dataset)
 
     # -- resumable state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

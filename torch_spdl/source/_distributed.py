@@ -20,6 +20,18 @@ def detect_rank_and_world_size() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+def resolve_rank_and_world_size(
+    rank: int | None = None, world_size: int | None = None
+) -> tuple[int, int]:
+    """``rank`` and ``world_size`` where given, else detected; raises if they disagree."""
+    detected_rank, detected_world = detect_rank_and_world_size()
+    rank = detected_rank if rank is None else rank
+    world = detected_world if world_size is None else world_size
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"invalid rank {rank} for world_size {world}")
+    return rank, world
+
+
 class DistributedRandomSampler:
     """Yields this rank's share of ``range(n)`` in an order reshuffled every epoch.
 
@@ -44,11 +56,7 @@ class DistributedRandomSampler:
     ) -> None:
         if n < 0:
             raise ValueError(f"n must be non-negative, got {n}")
-        detected_rank, detected_world = detect_rank_and_world_size()
-        self.rank = detected_rank if rank is None else rank
-        self.world_size = detected_world if world_size is None else world_size
-        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"invalid rank {self.rank} for world_size {self.world_size}")
+        self.rank, self.world_size = resolve_rank_and_world_size(rank, world_size)
         self.n = n
         self.seed = seed
         self.drop_last = drop_last
