@@ -19,6 +19,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
         ("video_clips.py", ["--quick"], "every clip has the right frames: OK"),
         ("http_async.py", ["--quick"], "every file arrived once, every byte right: OK"),
         ("subprocess_pipeline.py", ["--quick"], "computed in the subprocess: OK"),
+        ("migration_before_after.py", ["--quick"], "same batches: OK"),
     ],
 )
 def test_example_runs(script: str, args: list[str], expect: str) -> None:

@@ -62,23 +62,22 @@ def migrate_source(source: str, path: str = "<string>") -> FileResult:
     return FileResult(path, status, decisions, original=source, migrated=migrated)
 
 
-def _read(path: Path) -> str:
-    """The file's text, decoded as Python does (PEP 263); ValueError if it is not text."""
-    data = path.read_bytes()
+def _decode(data: bytes) -> tuple[str, str]:
+    """The text of a source file and its encoding, as Python decodes it (PEP 263);
+    ValueError if it is not text."""
     if b"\0" in data:
         raise ValueError("not a Python source file (binary content)")
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        return data.decode(encoding)
+        return data.decode(encoding), encoding
     except (SyntaxError, UnicodeDecodeError, LookupError) as exc:
         raise ValueError(f"not a Python source file: cannot decode it as text ({exc})") from None
 
 
-def _write(path: Path, text: str, original: bytes) -> None:
+def _write(path: Path, text: str, encoding: str) -> None:
     """Replace the file atomically, keeping its encoding and permissions. A symbolic link
     is followed: its target is replaced and the link kept."""
     target = path.resolve(strict=True)
-    encoding, _ = tokenize.detect_encoding(io.BytesIO(original).readline)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -106,8 +105,7 @@ def migrate_file(path: Path, write: bool = False, display: str | None = None) ->
             shown, "error", error=f"not a Python file (expected a .py name, got {path.name!r})"
         )
     try:
-        original = path.read_bytes()
-        text = _read(path)
+        text, encoding = _decode(path.read_bytes())
     except OSError as exc:
         return FileResult(shown, "error", error=f"cannot read: {exc.strerror or exc}")
     except ValueError as exc:
@@ -118,7 +116,7 @@ def migrate_file(path: Path, write: bool = False, display: str | None = None) ->
         return _internal_error(shown, exc)
     if write and result.status == "changed" and result.migrated is not None:
         try:
-            _write(path, result.migrated, original)
+            _write(path, result.migrated, encoding)
         except OSError as exc:
             result.status = "error"
             result.error = f"cannot write: {exc.strerror or exc}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ._names import dotted, walk
+from ._names import dotted, is_docstring, walk
 
 __all__ = ["ensure_imports"]
 
@@ -95,7 +95,7 @@ def _insertion_point(body: list[cst.BaseStatement]) -> int:
     (``__future__`` imports included), before any code."""
     at = next((i + 1 for i, stmt in enumerate(body) if _imports_torch(stmt)), None)
     if at is None:
-        at = 1 if body and _is_docstring_line(body[0]) else 0
+        at = 1 if body and is_docstring(body[0]) else 0
     while at < len(body) and _is_import_line(body[at]):
         at += 1
     return at
@@ -139,7 +139,7 @@ def ensure_imports(
             0, cst.SimpleStatementLine(body=[cst.Import(names=[_alias("torch_spdl", None)])])
         )
     if new:
-        if at == 1 and _is_docstring_line(body[0]):
+        if at == 1 and is_docstring(body[0]):
             new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         nxt = body[at] if at < len(body) else None
         if (
@@ -150,12 +150,3 @@ def ensure_imports(
             body[at] = nxt.with_changes(leading_lines=[cst.EmptyLine(indent=False)])
         body[at:at] = new
     return module.with_changes(body=body)
-
-
-def _is_docstring_line(stmt: cst.CSTNode) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, cst.SimpleString | cst.ConcatenatedString)
-    )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from ._names import ImportMap, dotted
+from ._names import dotted
 
 __all__ = ["ARGUMENT_NOTES", "POSITIONAL", "argument_notes", "split_dataloader_import"]
 
@@ -82,19 +82,19 @@ def argument_notes(call: cst.Call) -> list[str]:
     return notes
 
 
-def _is_dataloader_module(node: cst.ImportFrom, imports: ImportMap) -> bool:
+def _is_dataloader_module(node: cst.ImportFrom) -> bool:
     if node.relative or node.module is None:
         return False
     return dotted(node.module) in ("torch.utils.data", "torch.utils.data.dataloader")
 
 
 def split_dataloader_import(
-    node: cst.ImportFrom, imports: ImportMap
+    node: cst.ImportFrom,
 ) -> tuple[cst.ImportFrom | None, cst.ImportAlias | None]:
     """For ``from torch.utils.data import ..., DataLoader, ...``: (the import without
     DataLoader, or ``None`` if nothing is left; DataLoader's alias) -- (node, None) when
     the import has no DataLoader."""
-    if not _is_dataloader_module(node, imports) or isinstance(node.names, cst.ImportStar):
+    if not _is_dataloader_module(node) or isinstance(node.names, cst.ImportStar):
         return node, None
     names = list(node.names)
     found = next((a for a in names if dotted(a.name) == "DataLoader"), None)

@@ -70,3 +70,13 @@ def walk(node: cst.CSTNode, into_scopes: bool = False) -> Iterator[cst.CSTNode]:
         if not into_scopes and isinstance(child, _SCOPES):
             continue
         yield from walk(child, into_scopes)
+
+
+def is_docstring(stmt: cst.CSTNode) -> bool:
+    """Whether ``stmt`` is a bare string statement (a docstring where it comes first)."""
+    return (
+        isinstance(stmt, cst.SimpleStatementLine)
+        and len(stmt.body) == 1
+        and isinstance(stmt.body[0], cst.Expr)
+        and isinstance(stmt.body[0].value, cst.SimpleString | cst.ConcatenatedString)
+    )

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 
 from ._facts import ClassContext, Facts, function_context, statement_facts
-from ._names import walk
+from ._names import is_docstring, walk
 
 __all__ = ["Refusal", "SplitPlan", "plan_split"]
 
@@ -55,15 +55,6 @@ class Refusal:
     line: int
 
 
-def _is_docstring(stmt: cst.BaseStatement) -> bool:
-    return (
-        isinstance(stmt, cst.SimpleStatementLine)
-        and len(stmt.body) == 1
-        and isinstance(stmt.body[0], cst.Expr)
-        and isinstance(stmt.body[0].value, cst.SimpleString | cst.ConcatenatedString)
-    )
-
-
 def _signature_problem(fn: cst.FunctionDef) -> str | None:
     if fn.asynchronous is not None:
         return "__getitem__ is async"
@@ -90,7 +81,7 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
         return Refusal(problem, line_of(fn))
     assert isinstance(fn.body, cst.IndentedBlock)
     stmts = list(fn.body.body)
-    docstring = stmts.pop(0) if stmts and _is_docstring(stmts[0]) else None
+    docstring = stmts.pop(0) if stmts and is_docstring(stmts[0]) else None
     if not stmts:
         return Refusal("__getitem__ has no statements", line_of(fn))
     fctx = function_context(fn, ctx)

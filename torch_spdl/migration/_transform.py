@@ -41,7 +41,7 @@ class _Migrator(cst.CSTTransformer):
     def leave_ImportFrom(
         self, original_node: cst.ImportFrom, updated_node: cst.ImportFrom
     ) -> cst.ImportFrom | cst.RemovalSentinel:
-        rest, alias = split_dataloader_import(updated_node, self.imports)
+        rest, alias = split_dataloader_import(updated_node)
         if alias is None:
             return updated_node
         asname = alias.asname.name.value if alias.asname else None  # type: ignore[union-attr]
@@ -90,20 +90,15 @@ class _Migrator(cst.CSTTransformer):
         return updated_node
 
     def _worker_info(self, node: cst.CSTNode) -> None:
-        try:
-            line = self.line_of(node)
-        except KeyError:
-            return
-        if line in self._worker_info_lines:
+        line = self.line_of(node)
+        if line in self._worker_info_lines:  # one note per line
             return
         self._worker_info_lines.add(line)
-        self.decisions.append(
-            Decision(
-                line,
-                "note",
-                "torch.utils.data.get_worker_info() is None in torch_spdl's worker threads; "
-                "torch_spdl.get_worker_info() gives the thread's id, seed and generators",
-            )
+        self._note(
+            node,
+            "note",
+            "torch.utils.data.get_worker_info() is None in torch_spdl's worker threads; "
+            "torch_spdl.get_worker_info() gives the thread's id, seed and generators",
         )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
