@@ -26,13 +26,15 @@ import multiprocessing as mp
 import os
 import platform
 import resource
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 import psutil
-from dataloader import PeakMemory  # benchmarks/dataloader.py, beside this module
+
+from torch_spdl.pipeline._autotune import cpu_count
 
 PRELOAD = ["torch", "torchvision", "av", "torch_spdl", "torch_spdl.data", "torch_spdl.io"]
 
@@ -73,6 +75,58 @@ class Result:
     spec: Spec
     runs: list[Sample] = field(default_factory=list)
     error: str | None = None
+
+
+def _pss_kb(pid: int) -> int:
+    """PSS of one process in kB (RSS where ``smaps_rollup`` is missing); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        pass
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (those that exist now)."""
+    try:
+        return [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return [pid]
+
+
+class PeakMemory:
+    """Background thread: every 50 ms, the sum of PSS over ``pid`` and its descendants."""
+
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = sum(_pss_kb(p) for p in _tree(self.pid))
+            self.peak_kb = max(self.peak_kb, total)
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _cpu_now(start_children: set[int]) -> float:

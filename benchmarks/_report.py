@@ -7,13 +7,14 @@ the two spreads overlap: the report never claims a win it did not measure.
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from _measure import Result, Sample
+
+from torch_spdl.pipeline._autotune import cpu_count
 
 CORES = cpu_count()
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from engine import SINK, _noop, sync_stages  # noqa: E402  (benchmarks/engine.py, beside us)
+from engine import SINK, sync_stages  # noqa: E402  (benchmarks/engine.py, beside us)
 
 from torch_spdl.pipeline import PipelineBuilder  # noqa: E402
 from torch_spdl.pipeline._autotune import cpu_count  # noqa: E402
@@ -208,25 +208,13 @@ def part_change(quick: bool) -> None:
     )
 
 
-def _traced_sync_stages(n: int) -> float:
-    b = PipelineBuilder().add_source(range(n))
-    for _ in range(3):
-        b.pipe(_noop, concurrency=4)
-    pipeline = b.add_sink(SINK).build(trace=True)
-    t0 = time.perf_counter()
-    count = sum(1 for _ in pipeline)
-    elapsed = time.perf_counter() - t0
-    assert count == n and len(pipeline.trace().spans) == 3 * n
-    return n / elapsed
-
-
 def part_trace(quick: bool, repeats: int) -> None:
     n = 20_000 if quick else 200_000
     print(f"\n## Part 3: tracing cost, 3 no-op sync stages at concurrency 4, {n:,} items")
     off, on = [], []
     for _ in range(repeats):  # alternate, so both see the same machine load
         off.append(sync_stages(n))
-        on.append(_traced_sync_stages(n))
+        on.append(sync_stages(n, trace=True))
     m_off, m_on = statistics.median(off), statistics.median(on)
     print(f"{'trace off':<12}{m_off:>12,.0f} items/s  ({min(off):,.0f}-{max(off):,.0f})")
     print(f"{'trace on':<12}{m_on:>12,.0f} items/s  ({min(on):,.0f}-{max(on):,.0f})")

@@ -33,7 +33,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from _measure import PeakMemory, _pss_kb  # benchmarks/_measure.py, beside this script
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
 
@@ -171,70 +171,6 @@ def _rate(loader: Iterable[Any], n: int) -> float:
     if count != n:
         raise RuntimeError(f"the loader gave {count} samples, expected {n}")
     return n / elapsed
-
-
-def _pss_kb(pid: int) -> int:
-    """PSS of one process in kB (RSS where ``smaps_rollup`` is missing); 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return 0
-
-
-def _children(pid: int) -> list[int]:
-    kids: list[int] = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                kids.extend(int(k) for k in f.read().split())
-    except (FileNotFoundError, ProcessLookupError):
-        pass
-    return kids
-
-
-def _tree(pid: int) -> list[int]:
-    pids, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        pids.append(p)
-        todo.extend(_children(p))
-    return pids
-
-
-class PeakMemory:
-    """Background thread: every 50 ms, the sum of PSS over ``pid`` and its descendants."""
-
-    def __init__(self, pid: int, interval: float = 0.05) -> None:
-        self.pid = pid
-        self.interval = interval
-        self.peak_kb = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            total = sum(_pss_kb(p) for p in _tree(self.pid))
-            self.peak_kb = max(self.peak_kb, total)
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> PeakMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _child(args: list[str], *, watch: bool = False) -> tuple[dict[str, Any], float]:

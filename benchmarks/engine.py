@@ -42,8 +42,9 @@ async def _asleep(x: int) -> int:
     return x
 
 
-def _run(builder: PipelineBuilder, n: int) -> float:
-    pipeline = builder.build()
+def _run(builder: PipelineBuilder, n: int, *, trace: bool = False) -> float:
+    """Items/s through the pipeline; with ``trace``, also check one span per item per stage."""
+    pipeline = builder.build(trace=trace)
     t0 = time.perf_counter()
     count = 0
     with pipeline.auto_stop():
@@ -51,14 +52,16 @@ def _run(builder: PipelineBuilder, n: int) -> float:
             count += 1
     elapsed = time.perf_counter() - t0
     assert count == n, (count, n)
+    if trace:
+        assert len(pipeline.trace().spans) == n * len(builder.get_config().stages)
     return n / elapsed
 
 
-def sync_stages(n: int) -> float:
+def sync_stages(n: int, *, trace: bool = False) -> float:
     b = PipelineBuilder().add_source(range(n))
     for _ in range(3):
         b.pipe(_noop, concurrency=4)
-    return _run(b.add_sink(SINK), n)
+    return _run(b.add_sink(SINK), n, trace=trace)
 
 
 def async_stages(n: int) -> float:
