@@ -1140,6 +1140,34 @@ def test_async_load_concurrency_is_respected() -> None:
     assert state["max"] == bound
 
 
+class _LargeSamples(Dataset):
+    """3x512x512 uint8 samples (768 KiB): a batch of 4 is large enough to be recycled."""
+
+    def __len__(self) -> int:
+        return 96
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((3, 512, 512), i % 256, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_recycled_batch_buffers_never_overwrite_a_batch_still_held(workers: int) -> None:
+    """Large batches are stacked into reused buffers: every batch kept by the consumer must
+    keep its values while later batches are made, and buffers must be reused once dropped."""
+    ref = list(TorchDataLoader(_LargeSamples(), batch_size=4))
+    loader = DataLoader(_LargeSamples(), batch_size=4, num_workers=workers)
+    held = list(loader)  # every batch alive at once: no buffer may be handed out twice
+    assert_same_batches(held, ref)
+    del held
+    seen, kept = set(), None
+    for i, batch in enumerate(loader):  # one batch kept across all the later ones
+        seen.add(batch.data_ptr())
+        if i == 1:
+            kept = batch
+    assert kept is not None and torch.equal(kept, ref[1])
+    assert len(seen) < len(ref) // 2  # dropped buffers came back (24 batches)
+
+
 # -- 7. worker processes -----------------------------------------------------------------------
 def test_process_workers_match_torch() -> None:
     ds = ProcessData(20)
