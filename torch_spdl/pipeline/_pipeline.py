@@ -69,7 +69,7 @@ class Pipeline(Generic[T]):
             self.start()
         get = self._sink.get
         try:
-            while True:
+            while True:  # the consumer's per-item path: inline, not shared with get_item
                 try:
                     item = get(timeout)
                 except ChannelAborted as aborted:
