@@ -85,7 +85,8 @@ class ThreadStage(OpStage):
 
     def _gated_get(self, index: int) -> Any:
         """``inbox.get`` for worker ``index`` of an autotuned stage: park while above the limit."""
-        self._gate(index)
+        if index >= self._limit:  # checked here too: no call per item when not parking
+            self._gate(index)
         return self.inbox.get()
 
     def _work(self, index: int) -> None:
