@@ -23,9 +23,9 @@ from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_
 
 from .._buffers import BufferPool
 
-__all__ = ["RecyclingCollate"]
+__all__ = ["RecyclingCollate", "TensorPool", "MIN_POOLED_BYTES"]
 
-_MIN_BYTES = 1 << 20  # smaller batches are cheap to allocate: not worth pooling
+MIN_POOLED_BYTES = 1 << 20  # smaller batches are cheap to allocate: not worth pooling
 
 
 def _numpy_dtype(dtype: torch.dtype) -> Any:
@@ -35,7 +35,7 @@ def _numpy_dtype(dtype: torch.dtype) -> Any:
         return None  # bfloat16 and friends have no NumPy twin
 
 
-class _Pool:
+class TensorPool:
     """:class:`~torch_spdl.io.BufferPool` handing out tensors: at most ``limit`` buffers of
     each (shape, dtype) exist at once."""
 
@@ -54,7 +54,7 @@ class RecyclingCollate:
     """Same output as ``default_collate``; large tensor batches land in reused buffers."""
 
     def __init__(self, limit: int) -> None:
-        self._pool = _Pool(limit)
+        self._pool = TensorPool(limit)
         self._map = dict(default_collate_fn_map)
         self._map[torch.Tensor] = self._stack
 
@@ -64,7 +64,7 @@ class RecyclingCollate:
         if (
             first.layout is not torch.strided
             or first.device.type != "cpu"
-            or first.element_size() * first.numel() * len(batch) < _MIN_BYTES
+            or first.element_size() * first.numel() * len(batch) < MIN_POOLED_BYTES
             or any(t.shape != first.shape or t.dtype != first.dtype for t in batch)
         ):
             return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)

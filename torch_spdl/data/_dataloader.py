@@ -13,6 +13,7 @@ chose, and batches come out in sampler order (``in_order=True``) as with torch.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -22,10 +23,16 @@ import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
 
 from ._collate import RecyclingCollate
-from ._epoch import EpochIterator, make_process_pool, set_rng_state
+from ._epoch import EpochIterator, set_rng_state, stage_fns
+from ._process_workers import ProcessWorkers
+from ._staged import StagedDataset
 from ._worker import WorkerGroup
+from ._worker_choice import WorkerChoice
 
 __all__ = ["DataLoader"]
+
+_LG = logging.getLogger("torch_spdl.data")
+_WORKER_TYPES = ("auto", "thread", "process")
 
 
 class DataLoader(_TorchDataLoader):
@@ -71,7 +78,7 @@ class DataLoader(_TorchDataLoader):
         io_concurrency: int | Literal["auto"] | None = None,
         cpu_concurrency: int | Literal["auto"] | None = None,
         collate_concurrency: int | Literal["auto"] = 1,
-        worker_type: Literal["thread", "process"] = "thread",
+        worker_type: Literal["auto", "thread", "process"] = "auto",
         buffer_size: int | None = None,
         device: str | torch.device | None = None,
         max_failures: int = 0,
@@ -95,8 +102,10 @@ class DataLoader(_TorchDataLoader):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        if worker_type not in ("thread", "process"):
-            raise ValueError(f"worker_type must be 'thread' or 'process', got {worker_type!r}")
+        if worker_type not in _WORKER_TYPES:
+            raise ValueError(
+                f"worker_type must be 'auto', 'thread' or 'process', got {worker_type!r}"
+            )
         for knob, value in (
             ("io_concurrency", io_concurrency),
             ("cpu_concurrency", cpu_concurrency),
@@ -122,8 +131,20 @@ class DataLoader(_TorchDataLoader):
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
         self._live: weakref.ReferenceType[EpochIterator] | None = None
-        self._executor: Executor | None = None  # persistent workers
-        self._executor_finalizer: weakref.finalize | None = None
+        self._executor: Executor | None = None  # persistent worker threads
+        self._process_workers: ProcessWorkers | None = None  # persistent worker processes
+        self._finalizers: list[weakref.finalize] = []
+        #: How ``__getitem__`` runs: set at once for ``worker_type="thread"``/``"process"``,
+        #: after the first batches of the first epoch for ``"auto"`` (None until then).
+        self.worker_choice: WorkerChoice | None = None
+        if worker_type != "auto" and num_workers > 0:
+            threads = worker_type == "thread"
+            self.worker_choice = WorkerChoice(
+                worker_type,
+                num_workers if threads else 0,
+                not threads,
+                f"worker_type={worker_type!r}",
+            )
         self._group: WorkerGroup | None = None
         self._collate: RecyclingCollate | None = None
         # Where each "auto" stage ended last epoch: the next epoch starts there.
@@ -147,21 +168,55 @@ class DataLoader(_TorchDataLoader):
     def _threads(self) -> int:
         return max(self.num_workers, 1)
 
-    def _persistent_executor(self, base_seed: int) -> Executor | None:
-        """The pool that outlives epochs when ``persistent_workers=True``."""
-        if not self.persistent_workers:
+    def _epoch_plan(self) -> WorkerChoice | str:
+        """How this epoch loads a map-style dataset (see ``EpochIterator._build_map``)."""
+        if isinstance(self.dataset, StagedDataset):
+            return "staged"
+        if self.num_workers == 0:
+            return "inline"
+        if self.worker_type == "thread":
+            return WorkerChoice("thread", self.num_workers, False, "worker_type='thread'")
+        return self.worker_choice or "probe"
+
+    def _chose(self, choice: WorkerChoice) -> None:
+        """``worker_type="auto"`` decided (on a loader thread): kept for later epochs."""
+        self.worker_choice = choice
+        _LG.info("torch_spdl.DataLoader(worker_type='auto'): %s", choice)
+
+    def _persistent_executor(self, threads: int) -> Executor | None:
+        """The threads that outlive epochs when ``persistent_workers=True``."""
+        if not self.persistent_workers or threads != self.num_workers:
             return None
         if self._executor is None:
-            if self.worker_type == "process":
-                self._executor = make_process_pool(self, self.num_workers, base_seed)
-            else:
-                self._executor = ThreadPoolExecutor(
-                    self.num_workers, thread_name_prefix="torch_spdl-worker"
-                )
-            self._executor_finalizer = weakref.finalize(
-                self, self._executor.shutdown, wait=True, cancel_futures=True
+            self._executor = ThreadPoolExecutor(
+                self.num_workers, thread_name_prefix="torch_spdl-worker"
+            )
+            self._finalizers.append(
+                weakref.finalize(self, self._executor.shutdown, wait=True, cancel_futures=True)
             )
         return self._executor
+
+    def _make_process_workers(self, base_seed: int) -> ProcessWorkers:
+        return ProcessWorkers(
+            self.dataset,
+            self.num_workers,
+            base_seed,
+            self.worker_init_fn,
+            self.collate_fn,
+            self._auto_collation,
+            in_flight=self.prefetch_factor or 2,
+            mp_context=self.multiprocessing_context,
+            stage_fns=stage_fns,
+        )
+
+    def _persistent_process_workers(self, base_seed: int, split: int) -> ProcessWorkers | None:
+        """The worker processes that outlive epochs when ``persistent_workers=True``."""
+        if not self.persistent_workers:
+            return None
+        if self._process_workers is None:
+            self._process_workers = self._make_process_workers(base_seed)
+            self._finalizers.append(weakref.finalize(self, self._process_workers.shutdown))
+        return self._process_workers
 
     def _recycling_collate(self, limit: int) -> RecyclingCollate:
         """``default_collate`` into buffers that this loader reuses across epochs."""
@@ -177,10 +232,11 @@ class DataLoader(_TorchDataLoader):
 
     def shutdown(self) -> None:
         """Stop persistent workers now (they also stop when the loader is collected)."""
-        if self._executor_finalizer is not None:
-            self._executor_finalizer()
-            self._executor = None
-            self._executor_finalizer = None
+        for finalizer in self._finalizers:
+            finalizer()
+        self._finalizers = []
+        self._executor = None
+        self._process_workers = None
 
     # -- resumable state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import itertools
-import multiprocessing as mp
+import logging
+import weakref
 from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,16 +14,18 @@ from torch.utils.data import IterableDataset
 
 from ..pipeline import PipelineBuilder, PipelineFailure
 from ..pipeline._autotune import DEFAULT_MAX_THREADS, cpu_count
+from ._batch_stages import LoadInThreads, LoadInWorkers, SettleBatch, batch_tasks
 from ._collate import is_default_collate
+from ._process_workers import ProcessWorkers
 from ._sampling import index_batches
 from ._staged import Stage, StagedDataset
 from ._stages import (
     BatchError,
     Collate,
     FailureBudget,
-    ProcessStep,
     Rebatch,
     RebatchCollate,
+    Slot,
     Tagged,
     Tokens,
     load_inline,
@@ -30,12 +33,15 @@ from ._stages import (
     stage_op,
 )
 from ._transfer import BatchMover
-from ._worker import WorkerGroup, getitem_in_process, init_process_worker
+from ._worker import WorkerGroup
+from ._worker_choice import Probe, SwitchGate, WorkerChoice
 
 if TYPE_CHECKING:
     from ._dataloader import DataLoader
 
-__all__ = ["EpochIterator"]
+__all__ = ["EpochIterator", "split_point", "stage_fns"]
+
+_LG = logging.getLogger("torch_spdl.data")
 
 _END: Any = object()
 
@@ -93,7 +99,6 @@ class EpochIterator:
     def __init__(self, loader: DataLoader, resume: dict[str, Any] | None) -> None:
         self._loader = loader
         self._map_style = not isinstance(loader.dataset, IterableDataset)
-        self._owned_pools: list[Executor] = []
         self._closed = False
         self._exhausted = False
         gen = loader.generator
@@ -113,20 +118,17 @@ class EpochIterator:
             if loader.num_workers > 0
             else None
         )
+        self._tokens: Tokens | None = None
+        self._gate: SwitchGate | None = None
+        self._workers: ProcessWorkers | None = None  # this epoch's own (not persistent)
         if self._map_style:
             first = next(indices, _END)  # the sampler's own draws happen now, in this thread
-            self._tokens: Tokens | None = Tokens(self._token_count())
-            source: Any = slots(
-                _chain(first, indices),
-                loader._auto_collation,
-                self._watermark,
-                set(self._extra),
-                self._tokens,
+            self._chosen = _chain(first, indices)
+            self._pipeline = self._build_map(loader._epoch_plan(), self._batches(0)).build(
+                max_failures=0
             )
         else:
-            self._tokens = None
-            source = self._iterable_source()
-        self._pipeline = self._build(source).build(max_failures=0)
+            self._pipeline = self._build_iterable(self._iterable_source()).build(max_failures=0)
         self._timeout = loader.timeout if loader.timeout > 0 else None
         # The pipeline starts at the first next(), as torch's single-process iterator does:
         # code that calls iter() twice on a loader whose batch sampler is its own iterator
@@ -142,122 +144,235 @@ class EpochIterator:
             samples = itertools.islice(samples, self._watermark * per_batch, None)
         return samples
 
-    def _token_count(self) -> int:
+    def _batches(self, first: int) -> Iterator[tuple[int, list[Any]]]:
+        loader = self._loader
+        return batch_tasks(
+            self._chosen, loader._auto_collation, first, self._watermark, self._extra, self._gate
+        )
+
+    def _token_count(self, specs: list[_StageSpec]) -> int:
         """Batches in flight before rebatch: enough to keep every worker of every stage busy."""
-        workers = sum(_bound(spec.concurrency, spec.kind) for spec in self._stage_specs(dry=True))
+        workers = sum(_bound(spec.concurrency, spec.kind) for spec in specs)
         loader = self._loader
         per_batch = loader.batch_size if loader._auto_collation and loader.batch_size else 1
         return -(-workers // per_batch) + 2
 
-    def _build(self, source: Any) -> PipelineBuilder[Any, Any]:
+    def _collate(self) -> Collate:
         loader = self._loader
-        cc = loader.collate_concurrency
-        cc_max = _bound(cc, "cpu")  # "auto": the most collate workers it may grow to
-        tuned = loader._tuned
-        ordered = "input" if loader.in_order else "completion"
         collate_fn = loader.collate_fn
         if is_default_collate(collate_fn):
             # buffers in use: the sink, the collate workers, the consumer's batch, one spare
+            cc_max = _bound(loader.collate_concurrency, "cpu")
             collate_fn = loader._recycling_collate(self._buffer_size() + cc_max + 2)
-        collate = Collate(collate_fn, loader._auto_collation, tagged=self._map_style)
-        # Queues of batches hold just enough for their stage's workers: batches are large.
-        batch_queue = (min(cc_max, 4) if cc == "auto" else cc_max) + 1
-        if not self._map_style:
-            builder = PipelineBuilder().add_source(source)
-            if loader._auto_collation:
-                builder.aggregate(loader.batch_size, drop_last=loader.drop_last)
+        return Collate(collate_fn, loader._auto_collation, tagged=self._map_style)
+
+    def _build_iterable(self, source: Iterator[Any]) -> PipelineBuilder[Any, Any]:
+        loader = self._loader
+        cc = loader.collate_concurrency
+        builder = PipelineBuilder().add_source(source)
+        if loader._auto_collation:
+            builder.aggregate(loader.batch_size, drop_last=loader.drop_last)
+        builder.pipe(
+            self._collate(),
+            concurrency=cc,
+            output_order="input" if loader.in_order else "completion",
+            name="collate",
+            **_auto(cc, "cpu", loader._tuned.get("collate")),
+        )
+        return self._finish(builder)
+
+    def _build_map(
+        self, plan: WorkerChoice | str, batches: Iterator[tuple[int, list[Any]]]
+    ) -> PipelineBuilder[Any, Any]:
+        """The pipeline of a map-style epoch for ``plan``: ``"inline"`` (no workers),
+        ``"staged"`` (the dataset's stages, per sample), ``"probe"`` (``worker_type="auto"``
+        still measuring) or a :class:`WorkerChoice`."""
+        loader = self._loader
+        dataset = loader.dataset
+        if plan == "inline":
+            specs = self._stage_specs(None)
+            source = self._slots(specs)
+            fused = RebatchCollate(self._rebatch(), self._collate())
+            builder = PipelineBuilder().add_source(load_inline(source, specs[0].op, fused))
+            return self._finish(builder)
+        if plan == "staged":
+            split = split_point(dataset, loader.worker_type)
+            if split is None:
+                return self._build_samples(None)
+            return self._build_processes(split, batches)
+        if plan == "probe":
+            threads = loader._threads
+            current = WorkerChoice("thread", threads, True, "measuring")
+            self._gate = SwitchGate()
+            batches = self._batches(0)  # now stopped by the gate when the plan changes
+            op = LoadInThreads(
+                dataset,
+                self._collate().collate_fn,
+                loader._auto_collation,
+                self._thread_group(threads),
+                probe=Probe(),
+                gate=self._gate,
+                on_choice=_weakly(loader._chose),
+                current=current,
+                batch_size=loader.batch_size or 1,
+            )
+            return self._build_batches(op, threads, batches)
+        assert isinstance(plan, WorkerChoice)
+        if plan.kind == "process":
+            return self._build_processes(-1, batches)
+        if plan.per_batch:
+            op = LoadInThreads(
+                dataset,
+                self._collate().collate_fn,
+                loader._auto_collation,
+                self._thread_group(plan.threads),
+            )
+            return self._build_batches(op, plan.threads, batches)
+        return self._build_samples(plan.threads)
+
+    def _build_batches(
+        self, op: Any, threads: int, batches: Iterator[tuple[int, list[Any]]]
+    ) -> PipelineBuilder[Any, Any]:
+        """Whole batches on ``threads`` threads (the op collates), then the failure budget."""
+        loader = self._loader
+        builder = PipelineBuilder().add_source(batches)
+        builder.pipe(
+            op,
+            concurrency=threads,
+            executor=loader._persistent_executor(threads),
+            output_order="input" if loader.in_order else "completion",
+            name="getitem",
+        )
+        collate_fn = self._collate().collate_fn
+        builder.pipe(SettleBatch(self._budget, collate_fn, loader._auto_collation), name="settle")
+        return self._finish(builder)
+
+    def _build_processes(
+        self, split: int, batches: Iterator[tuple[int, list[Any]]]
+    ) -> PipelineBuilder[Any, Any]:
+        """Batches loaded and collated in worker processes; with ``split >= 0`` the stages
+        before it run per sample on threads first."""
+        loader = self._loader
+        workers = loader._persistent_process_workers(self._base_seed, split)
+        if workers is None:
+            workers = self._workers = loader._make_process_workers(self._base_seed)
+        prefetch = loader.prefetch_factor or 2
+        ordered = "input" if loader.in_order else "completion"
+        if split < 0:
+            builder = PipelineBuilder().add_source(batches)
+        else:
+            specs = self._stage_specs(None)[:split]
+            builder = PipelineBuilder().add_source(self._slots(specs))
+            self._add_stages(builder, specs)
+            builder.pipe(self._rebatch(with_index=True), name="rebatch")
+        builder.pipe(
+            LoadInWorkers(workers, split),
+            concurrency=workers.num_workers * prefetch,
+            output_order=ordered,
+            name="getitem" if split < 0 else "process",
+        )
+        collate_fn = loader.collate_fn
+        builder.pipe(SettleBatch(self._budget, collate_fn, loader._auto_collation), name="settle")
+        return self._finish(builder)
+
+    def _build_samples(self, threads: int | None) -> PipelineBuilder[Any, Any]:
+        """One sample at a time through the stages (``threads`` runs ``__getitem__``), then
+        rebatch and collate."""
+        loader = self._loader
+        cc = loader.collate_concurrency
+        cc_max = _bound(cc, "cpu")
+        specs = self._stage_specs(threads)
+        builder = PipelineBuilder().add_source(self._slots(specs))
+        rebatch = self._rebatch()
+        self._add_stages(builder, specs)
+        collate = self._collate()
+        if cc == 1:
+            builder.pipe(RebatchCollate(rebatch, collate), name="rebatch+collate")
+        else:
+            # Queues of batches hold just enough for their stage's workers: batches are large.
+            batch_queue = (min(cc_max, 4) if cc == "auto" else cc_max) + 1
+            builder.pipe(rebatch, name="rebatch")
             builder.pipe(
                 collate,
                 concurrency=cc,
-                output_order=ordered,
+                **_auto(cc, "cpu", loader._tuned.get("collate")),
+                output_order="input" if loader.in_order else "completion",
                 name="collate",
-                **_auto(cc, "cpu", tuned.get("collate")),
+                queue_size=batch_queue,
             )
-        else:
-            assert self._tokens is not None
-            rebatch = Rebatch(
-                self._tokens, self._budget, loader.in_order, self._watermark, set(self._extra)
+        return self._finish(builder)
+
+    def _add_stages(self, builder: PipelineBuilder[Any, Any], specs: list[_StageSpec]) -> None:
+        tuned = self._loader._tuned
+        for spec in specs:  # completion order: rebatch restores the order
+            builder.pipe(
+                spec.op,
+                concurrency=spec.concurrency,
+                executor=spec.executor,
+                name=spec.name,
+                **_auto(spec.concurrency, spec.kind, tuned.get(spec.name)),
             )
-            specs = self._stage_specs()
-            inline = (
-                loader.num_workers == 0
-                and loader.worker_type == "thread"
-                and not isinstance(loader.dataset, StagedDataset)
-            )
-            if inline:
-                fused = RebatchCollate(rebatch, collate)
-                builder = PipelineBuilder().add_source(load_inline(source, specs[0].op, fused))
-            else:
-                builder = PipelineBuilder().add_source(source)
-                for spec in specs:  # completion order: rebatch restores the order
-                    builder.pipe(
-                        spec.op,
-                        concurrency=spec.concurrency,
-                        executor=spec.executor,
-                        name=spec.name,
-                        **_auto(spec.concurrency, spec.kind, tuned.get(spec.name)),
-                    )
-                if cc == 1:
-                    builder.pipe(RebatchCollate(rebatch, collate), name="rebatch+collate")
-                else:
-                    builder.pipe(rebatch, name="rebatch")
-                    builder.pipe(
-                        collate,
-                        concurrency=cc,
-                        **_auto(cc, "cpu", tuned.get("collate")),
-                        output_order=ordered,
-                        name="collate",
-                        queue_size=batch_queue,
-                    )
-        mover = BatchMover(loader.device, loader.pin_memory)
+
+    def _slots(self, specs: list[_StageSpec]) -> Iterator[Slot]:
+        self._tokens = Tokens(self._token_count(specs))
+        loader = self._loader
+        return slots(
+            self._chosen, loader._auto_collation, self._watermark, set(self._extra), self._tokens
+        )
+
+    def _rebatch(self, with_index: bool = False) -> Rebatch:
+        assert self._tokens is not None, "the slots come first"
+        loader = self._loader
+        return Rebatch(
+            self._tokens,
+            self._budget,
+            loader.in_order,
+            self._watermark,
+            set(self._extra),
+            with_index=with_index,
+        )
+
+    def _finish(self, builder: PipelineBuilder[Any, Any]) -> PipelineBuilder[Any, Any]:
+        mover = BatchMover(self._loader.device, self._loader.pin_memory)
         if mover.active:
             builder.pipe(Tagged(mover, tagged=self._map_style), name="transfer", queue_size=2)
         return builder.add_sink(self._buffer_size())
+
+    def _thread_group(self, threads: int) -> WorkerGroup | None:
+        """The worker ids of this epoch's threads (kept across epochs with persistent
+        workers, whose threads ran ``worker_init_fn`` once)."""
+        if self._loader._persistent_executor(threads) is not None:
+            return self._loader._persistent_group(self._group)
+        return self._group
 
     def _buffer_size(self) -> int:
         loader = self._loader
         return loader.buffer_size or max((loader.prefetch_factor or 2) * loader.num_workers, 2)
 
-    def _stage_specs(self, dry: bool = False) -> list[_StageSpec]:
+    def _stage_specs(self, threads: int | None) -> list[_StageSpec]:
+        """The per-sample stages, all on threads (``threads`` runs a plain ``__getitem__``)."""
         loader = self._loader
         dataset = loader.dataset
         workers = loader._threads
         if isinstance(dataset, StagedDataset):
             steps = list(dataset.stages())
-        elif loader.worker_type == "process":
-            steps = [Stage(getitem_in_process, "cpu", name="getitem", executor="process")]
         else:
             steps = [Stage(dataset.__getitem__, "cpu", name="getitem")]
+        pool = loader._persistent_executor(threads or workers)
+        group = self._thread_group(threads or workers)
         specs = []
         for step in steps:
             name = step.name or getattr(step.fn, "__name__", "stage")
             if step.concurrency is not None:
-                conc = step.concurrency
+                conc: int | str = step.concurrency
             elif step.kind == "io":
                 conc = loader.io_concurrency or max(workers, 8)
             else:
-                conc = loader.cpu_concurrency or workers
-            if dry:
-                specs.append(_StageSpec(None, conc, None, name, step.kind))
-            elif _is_async(step.fn):  # runs on the pipeline's event loop
-                specs.append(_StageSpec(stage_op(step.fn, name, None), conc, None, name, step.kind))
-            elif step.executor == "process" or loader.worker_type == "process":
-                # "auto" tunes the items in flight; the processes stay num_workers
-                size = max(loader.num_workers, 1) if conc == "auto" else int(conc)
-                pool = loader._persistent_executor(self._base_seed) or self._process_pool(size)
-                specs.append(_StageSpec(ProcessStep(step.fn, name), conc, pool, name, step.kind))
-            else:
-                pool = loader._persistent_executor(self._base_seed)
-                group = loader._persistent_group(self._group) if pool else self._group
-                specs.append(
-                    _StageSpec(stage_op(step.fn, name, group), conc, pool, name, step.kind)
-                )
+                conc = loader.cpu_concurrency or threads or workers
+            op = stage_op(step.fn, name, None if _is_async(step.fn) else group)
+            executor = None if _is_async(step.fn) else pool
+            specs.append(_StageSpec(op, conc, executor, name, step.kind))
         return specs
-
-    def _process_pool(self, workers: int) -> Executor:
-        pool = make_process_pool(self._loader, workers, self._base_seed)
-        self._owned_pools.append(pool)
-        return pool
 
     # -- consuming -------------------------------------------------------------------------
     def __iter__(self) -> EpochIterator:
@@ -272,6 +387,8 @@ class EpochIterator:
         try:
             item = next(self._iter)
         except StopIteration:
+            if self._switch():
+                return self.__next__()
             self._exhausted = True
             self._close()
             raise
@@ -294,6 +411,22 @@ class EpochIterator:
         self._delivered(b)
         self._loader.num_failures = self._budget.count
         return batch
+
+    def _switch(self) -> bool:
+        """When ``worker_type="auto"`` chose another plan, the probing pipeline has ended:
+        the batches it set aside, then the rest of the epoch, go to the new one."""
+        gate = self._gate
+        if gate is None or gate.choice is None:
+            return False
+        self._gate = None
+        self._record_tuning()
+        self._pipeline.stop()  # every thread of the probing pipeline is joined: fork-safe
+        rest: Iterator[tuple[int, list[Any]]] = iter(sorted(gate.deferred))
+        if gate.next_batch is not None:
+            rest = itertools.chain(rest, self._batches(gate.next_batch))
+        self._pipeline = self._build_map(gate.choice, rest).build(max_failures=0)
+        self._iter = self._pipeline.get_iterator(timeout=self._timeout)
+        return True
 
     def _delivered(self, b: int | None) -> None:
         if b is None or b == self._watermark:
@@ -335,30 +468,55 @@ class EpochIterator:
         self._closed = True
         if self._tokens is not None:
             self._tokens.close()
+        self._record_tuning()
+        loader = self._loader
+        persistent = loader._process_workers
+        if persistent is not None:
+            persistent.cancel_pending()  # its threads wait for batches no one will take
+        if self._workers is not None:
+            self._workers.shutdown()
+            self._workers = None
+        self._pipeline.stop()
+
+    def _record_tuning(self) -> None:
         for stats in self._pipeline.get_stats():  # where "auto" stages settled
             if stats.max_concurrency is not None:
                 self._loader._tuned[stats.name.split(":", 1)[-1]] = stats.concurrency
-        self._pipeline.stop()
-        for pool in self._owned_pools:
-            pool.shutdown(wait=True, cancel_futures=True)
-        self._owned_pools = []
 
     def __del__(self) -> None:
         if hasattr(self, "_pipeline"):
             self._close()
 
 
-def make_process_pool(loader: DataLoader, workers: int, base_seed: int) -> ProcessPoolExecutor:
-    """Worker processes that hold the dataset and were initialised as torch's are."""
-    ctx = loader.multiprocessing_context
-    if ctx is None or isinstance(ctx, str):
-        ctx = mp.get_context(ctx)
-    return ProcessPoolExecutor(
-        workers,
-        mp_context=ctx,
-        initializer=init_process_worker,
-        initargs=(loader.dataset, ctx.Value("i", 0), workers, base_seed, loader.worker_init_fn),
-    )
+def split_point(dataset: Any, worker_type: str) -> int | None:
+    """The first of a staged dataset's stages to run in worker processes (with every stage
+    after it), or None when all run on threads: the first declared with
+    ``executor="process"``, or with ``worker_type="process"`` the first sync CPU stage."""
+    steps = list(dataset.stages())
+    for i, step in enumerate(steps):
+        if step.executor == "process" or (
+            worker_type == "process" and step.kind == "cpu" and not _is_async(step.fn)
+        ):
+            return i
+    return None
+
+
+def stage_fns(dataset: Any, split: int) -> list[Any]:
+    """In a worker process: the functions of the dataset's stages from ``split`` on."""
+    return [step.fn for step in list(dataset.stages())[split:]]
+
+
+def _weakly(method: Any) -> Any:
+    """``method``, called only while its object lives (a stage op must not keep the loader
+    alive: persistent worker threads are stopped when the loader is collected)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(arg: Any) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(arg)
+
+    return call
 
 
 def _is_async(fn: Any) -> bool:

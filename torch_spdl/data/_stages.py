@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,10 +21,10 @@ __all__ = [
     "BatchError",
     "Collate",
     "FailureBudget",
-    "ProcessStep",
     "Rebatch",
     "RebatchCollate",
     "Slot",
+    "settle",
     "Tagged",
     "Tokens",
     "slots",
@@ -99,28 +98,6 @@ def stage_op(
     return run
 
 
-class ProcessStep:
-    """A step run in a worker process (picklable, so ``fn`` must be too)."""
-
-    def __init__(self, fn: Callable[[Any], Any], name: str) -> None:
-        self.fn = fn
-        self.name = name
-
-    def __call__(self, slot: Slot) -> Slot:
-        if slot.error is None and slot.size:
-            try:
-                slot.value = self.fn(slot.value)
-            except Exception as exc:
-                slot.error = _note(exc, self.name, slot, " (in a worker process)")
-                try:  # the slot goes back to the parent: make sure the error can travel
-                    import pickle
-
-                    pickle.dumps(slot.error)
-                except Exception:
-                    slot.error = RuntimeError("".join(traceback.format_exception(exc)))
-        return slot
-
-
 class FailureBudget:
     """How many samples may fail and be skipped before an error reaches the caller."""
 
@@ -167,8 +144,15 @@ class Rebatch:
     samples or BatchError)``; in sampler order when ``ordered``. Runs on one thread."""
 
     def __init__(
-        self, tokens: Tokens, budget: FailureBudget, ordered: bool, first: int, skip: set[int]
+        self,
+        tokens: Tokens,
+        budget: FailureBudget,
+        ordered: bool,
+        first: int,
+        skip: set[int],
+        with_index: bool = False,
     ) -> None:
+        self._with_index = with_index  # samples as (index, value) pairs
         self._tokens = tokens
         self._budget = budget
         self._ordered = ordered
@@ -207,20 +191,29 @@ class Rebatch:
             self._advance()
 
     def _finish(self, b: int, slots: list[Slot]) -> Iterator[tuple[int, Any]]:
-        """Skip failed samples within the budget (in batch order, so deterministically)."""
-        values = []
-        for slot in slots:
-            if slot.error is None:
-                values.append(slot.value)
-            elif self._budget.spend():
-                _LG.warning("skipped %r: %s", slot, slot.error)
-            else:
-                yield b, BatchError(slot.error)
-                return
-        if slots and not values:
-            _LG.warning("skipped batch %d: every sample in it failed", b)
-            return
-        yield b, values
+        item = settle(b, slots, self._budget, self._with_index)
+        if item is not None:
+            yield item
+
+
+def settle(
+    b: int, slots: list[Slot], budget: FailureBudget, with_index: bool = False
+) -> tuple[int, Any] | None:
+    """Batch ``b`` from its samples: failed ones skipped within the budget (in batch order,
+    so deterministically), else the batch carries the first error past it; None when
+    every sample failed and was skipped."""
+    values = []
+    for slot in slots:
+        if slot.error is None:
+            values.append((slot.index, slot.value) if with_index else slot.value)
+        elif budget.spend():
+            _LG.warning("skipped %r: %s", slot, slot.error)
+        else:
+            return b, BatchError(slot.error)
+    if slots and not values:
+        _LG.warning("skipped batch %d: every sample in it failed", b)
+        return None
+    return b, values
 
 
 class Collate:

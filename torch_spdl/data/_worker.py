@@ -23,6 +23,7 @@ __all__ = [
     "get_worker_info",
     "WorkerGroup",
     "init_process_worker",
+    "set_process_worker_info",
     "single_threaded_ops",
 ]
 
@@ -79,6 +80,28 @@ def _make_info(wid: int, num_workers: int, seed: int, dataset: Any) -> WorkerInf
 PROCESS_DATASET: Any = None
 
 
+def set_process_worker_info(wid: int, num_workers: int, base_seed: int, dataset: Any) -> None:
+    """Make this process worker ``wid`` as torch's worker loop does: one intra-op thread,
+    ``random`` and torch seeded with ``base_seed + wid``, NumPy with the state torch derives
+    from both, and ``get_worker_info()`` answering (torch's and ours)."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    torch.set_num_threads(1)
+    seed = base_seed + wid
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    else:
+        np.random.seed(torch_worker._generate_state(base_seed, wid))
+    _LOCAL.info = _make_info(wid, num_workers, seed % 2**63, dataset)
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=wid, num_workers=num_workers, seed=seed, dataset=dataset
+    )
+
+
 def init_process_worker(
     dataset: Any,
     counter: Any,
@@ -86,18 +109,14 @@ def init_process_worker(
     base_seed: int,
     init_fn: Callable[[int], None] | None,
 ) -> None:
-    """Initializer of a loader's worker process: what torch does in its worker loop
-    (seed torch and ``random`` with ``base_seed + id``, set the worker info, run
-    ``worker_init_fn``)."""
+    """Initializer of a per-sample process pool's worker (a stage declared with
+    ``executor="process"``): the same set-up as a loader's worker process."""
     global PROCESS_DATASET
     PROCESS_DATASET = dataset
     with counter.get_lock():
         wid = counter.value
         counter.value += 1
-    seed = (base_seed + wid) % 2**63
-    torch.manual_seed(seed)
-    random.seed(seed)
-    _LOCAL.info = _make_info(wid, num_workers, seed, dataset)
+    set_process_worker_info(wid, num_workers, base_seed, dataset)
     if init_fn is not None:
         init_fn(wid)
 

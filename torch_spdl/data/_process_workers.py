@@ -1,0 +1,424 @@
+"""Worker processes that load whole batches, as torch's do, for work that holds the GIL.
+
+A ``__getitem__`` that spends its time in Python (tokenising, parsing, many small array
+ops) runs no faster on more threads: the GIL lets one run at a time. Processes run it in
+parallel, but a process boundary per *sample* costs hundreds of microseconds and a pickle
+each way. So a worker here does what torch's worker does: it takes a batch of indices (or,
+after a staged dataset's I/O stage ran on threads, a batch of loaded values), runs
+``__getitem__`` (or ``__getitems__``, or the remaining stages) on each, collates the batch
+itself and hands it back through its shared-memory arena (:mod:`._shared_batch`). Only
+the indices and the batch's small metadata are pickled.
+
+Batch ``b`` goes to worker ``b % num_workers`` and each worker runs its batches in order, as
+torch assigns them, so a dataset that draws random numbers in its workers (seeded, as
+torch seeds them, with ``base_seed + worker_id``) produces the same batches as under torch.
+
+The workers are forked (the default on Linux, as with torch), so the dataset is not
+pickled; they are forked when the pool is made, by the thread that iterates the loader,
+before the epoch's pipeline starts any thread. A fork copies only the calling thread, and
+the child runs nothing but the dataset, the collate function and this module's loop, so a
+lock held by another thread at that moment (one of another pipeline's, say) is never
+needed in the child. Each child closes the pipes and arenas of its siblings, so that its
+parent's death reaches it as the end of its pipe.
+
+One receiver thread in the loader's process waits on every worker's pipe and on every
+worker's exit at once: a worker that dies (killed, ``os._exit``, a crash in C) fails the
+batches it held with an error that names it, instead of leaving the loader waiting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from ._collate import TensorPool
+from ._fetch import Fetched, fetch_batch
+from ._shared_batch import Arena, dump_batch, load_batch
+from ._worker import set_process_worker_info
+
+__all__ = ["ProcessWorkers", "WorkerFailure"]
+
+_GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
+
+
+class WorkerFailure(RuntimeError):
+    """A worker process exited unexpectedly, or failed to start."""
+
+
+class _Slots:
+    """The free arenas of one worker; a batch for it waits for one."""
+
+    def __init__(self, count: int) -> None:
+        self._free = list(range(count))
+        self._cond = threading.Condition()
+        self.closed = False
+
+    def take(self) -> int | None:
+        with self._cond:
+            while not self._free and not self.closed:
+                self._cond.wait()
+            return None if self.closed else self._free.pop()
+
+    def give(self, slot: int) -> None:
+        with self._cond:
+            self._free.append(slot)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+class _Worker:
+    __slots__ = (
+        "wid",
+        "process",
+        "tasks",
+        "results",
+        "child_ends",
+        "arenas",
+        "slots",
+        "send_lock",
+        "dead",
+    )
+
+    def __init__(self, wid: int, in_flight: int, shared: bool) -> None:
+        self.wid = wid
+        self.process: Any = None
+        task_r, self.tasks = mp.Pipe(duplex=False)
+        self.results, result_w = mp.Pipe(duplex=False)
+        self.child_ends = (task_r, result_w)
+        self.arenas = [Arena() for _ in range(in_flight)] if shared else None
+        self.slots = _Slots(in_flight)
+        self.send_lock = threading.Lock()
+        self.dead: WorkerFailure | None = None
+
+
+class ProcessWorkers:
+    """``num_workers`` forked processes, each holding the dataset, loading batches.
+
+    Args:
+        dataset: the dataset (inherited by the fork, pickled with another start method).
+        num_workers: how many processes.
+        base_seed: worker ``i`` is seeded with ``base_seed + i``, as torch does.
+        worker_init_fn: run in each worker with its id after seeding, as torch does.
+        collate_fn: collates each batch inside the worker.
+        auto_collation: whether a task is a batch of indices (else one index).
+        in_flight: batches each worker may hold at once (torch's ``prefetch_factor``).
+        mp_context: a multiprocessing context or its name (default: the platform's).
+        stage_fns: resolves the dataset's stages in a worker (see :func:`worker_steps`).
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        num_workers: int,
+        base_seed: int,
+        worker_init_fn: Callable[[int], None] | None,
+        collate_fn: Callable[[Any], Any],
+        auto_collation: bool,
+        in_flight: int,
+        mp_context: Any = None,
+        stage_fns: Callable[[Any, int], Sequence[Callable[[Any], Any]]] | None = None,
+    ) -> None:
+        ctx = mp_context
+        if ctx is None or isinstance(ctx, str):
+            ctx = mp.get_context(ctx)
+        shared = ctx.get_start_method() == "fork"
+        self.num_workers = num_workers
+        self._workers = [_Worker(i, in_flight, shared) for i in range(num_workers)]
+        self._pending: dict[int, tuple[Future[Fetched], _Worker, int]] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count()
+        self._pool = TensorPool(in_flight * num_workers + 4)
+        self._closed = False
+        self._wake_r, self._wake_w = mp.Pipe(duplex=False)
+        config = (dataset, num_workers, base_seed, worker_init_fn, collate_fn, auto_collation)
+        for w in self._workers:
+            others = [
+                end
+                for o in self._workers
+                if o is not w
+                for end in (o.tasks, o.results, *o.child_ends)
+            ]
+            others_arenas = [a for o in self._workers if o is not w for a in (o.arenas or [])]
+            w.process = ctx.Process(
+                target=_worker_main,
+                args=(w.wid, config, stage_fns, *w.child_ends, w.arenas, others, others_arenas),
+                name=f"torch_spdl-worker-{w.wid}",
+                daemon=True,
+            )
+            w.process.start()
+        for w in self._workers:  # the parent keeps its own ends only
+            for end in w.child_ends:
+                end.close()
+        self._receiver = threading.Thread(
+            target=self._receive, name="torch_spdl-worker-receiver", daemon=True
+        )
+        self._receiver.start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers]
+
+    # -- the loader's side ----------------------------------------------------------------
+    def run(self, b: int, values: list[Any], split: int, indices: list[Any]) -> Fetched:
+        """Load batch ``b`` in worker ``b % num_workers`` and wait for it.
+
+        ``values`` are the batch's indices (``split == -1``: ``__getitem__``) or the values
+        the first ``split`` stages made on threads; ``indices`` name failed samples."""
+        worker = self._workers[b % self.num_workers]
+        if worker.dead is not None:
+            raise worker.dead
+        slot = worker.slots.take()
+        if slot is None:
+            raise _closed()
+        future: Future[Fetched] = Future()
+        with self._lock:
+            if self._closed:
+                raise _closed()
+            task_id = next(self._ids)
+            self._pending[task_id] = (future, worker, slot)
+        try:
+            with worker.send_lock:
+                worker.tasks.send((task_id, slot, values, split, indices))
+        except (OSError, ValueError):
+            pass  # the worker is gone: the receiver fails the batch with the reason
+        return future.result()
+
+    def cancel_pending(self) -> None:
+        """Fail every batch still waited for (the epoch ended early). The workers finish
+        those batches; each arena is free again when its (discarded) reply arrives."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for future, _, _ in pending.values():
+            future.set_exception(_closed())
+
+    def shutdown(self) -> None:
+        """Stop the workers (killing any that do not stop at once) and the receiver."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for w in self._workers:
+            w.slots.close()
+        self.cancel_pending()
+        for w in self._workers:
+            try:
+                with w.send_lock:
+                    w.tasks.send(None)
+            except (OSError, ValueError):
+                pass
+        self._wake_w.send(None)
+        self._receiver.join()
+        for w in self._workers:
+            w.process.join(_GRACE_S)
+            if w.process.is_alive():  # busy in user code, or stuck
+                w.process.kill()
+                w.process.join()
+            w.process.close()
+            for conn in (w.tasks, w.results):
+                conn.close()
+            for arena in w.arenas or ():
+                arena.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # -- the receiver thread --------------------------------------------------------------
+    def _receive(self) -> None:
+        conns: dict[Any, _Worker] = {w.results: w for w in self._workers}
+        sentinels: dict[Any, _Worker] = {w.process.sentinel: w for w in self._workers}
+        while True:
+            ready = wait([self._wake_r, *conns, *sentinels])
+            if self._wake_r in ready:
+                return
+            for r in ready:
+                worker = conns.get(r)
+                if worker is not None:
+                    try:
+                        self._settle(worker, r.recv())
+                    except (EOFError, OSError):
+                        del conns[r]  # exiting: its sentinel tells why
+            for r in ready:
+                worker = sentinels.pop(r, None)
+                if worker is None:
+                    continue
+                while worker.results in conns and worker.results.poll():
+                    try:  # what it sent before it exited
+                        self._settle(worker, worker.results.recv())
+                    except (EOFError, OSError):
+                        break
+                conns.pop(worker.results, None)
+                self._died(worker)
+
+    def _settle(self, worker: _Worker, message: Any) -> None:
+        kind = message[0]
+        if kind == "init_error":
+            error = _rebuild(message[1], message[2])
+            error.add_note(f"torch_spdl.DataLoader: worker_init_fn failed in worker {worker.wid}")
+            worker.dead = error  # type: ignore[assignment]
+            self._fail_worker(worker, error)
+            return
+        task_id = message[1]
+        with self._lock:
+            entry = self._pending.pop(task_id, None)
+        if entry is None:  # a batch of an epoch that ended: its arena is free again
+            worker.slots.give(message[2])
+            return
+        future, _, slot = entry
+        try:
+            outcome = self._outcome(worker, message, slot)
+        except BaseException as exc:  # a batch that cannot be read back
+            exc.add_note(f"torch_spdl.DataLoader: reading a batch from worker {worker.wid}")
+            future.set_exception(exc)
+        else:
+            future.set_result(outcome)
+        finally:
+            worker.slots.give(slot)
+
+    def _outcome(self, worker: _Worker, message: Any, slot: int) -> Fetched:
+        kind, _, _, data, size = message[:5]
+        arena = worker.arenas[slot] if worker.arenas is not None else None
+        value = load_batch(data, arena, size, self._pool)
+        if kind == "ok":
+            return Fetched(batch=value)
+        errors = []
+        for pos, index, exc_data, text in message[5]:
+            error = _rebuild(exc_data, text)
+            error.add_note(
+                f"torch_spdl.DataLoader: (in worker process {worker.wid}, pid {worker.process.pid})"
+            )
+            errors.append((pos, index, error))
+        return Fetched(samples=value, errors=errors)
+
+    def _died(self, worker: _Worker) -> None:
+        if self._closed or worker.dead is not None:
+            return
+        worker.process.join(_GRACE_S)
+        code = worker.process.exitcode
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            how = f"signal {signal.Signals(-code).name}"
+        error = WorkerFailure(
+            f"DataLoader worker process {worker.wid} (pid {worker.process.pid}) "
+            f"exited unexpectedly ({how})"
+        )
+        worker.dead = error
+        self._fail_worker(worker, error)
+
+    def _fail_worker(self, worker: _Worker, error: BaseException) -> None:
+        with self._lock:
+            mine = [k for k, (_, w, _) in self._pending.items() if w is worker]
+            entries = [self._pending.pop(k) for k in mine]
+        worker.slots.close()
+        for future, _, _ in entries:
+            future.set_exception(error)
+
+
+def _closed() -> RuntimeError:
+    return RuntimeError("the DataLoader's worker processes were stopped")
+
+
+# -- the worker process ---------------------------------------------------------------------
+def _pack_error(exc: BaseException) -> tuple[bytes | None, str]:
+    """The exception itself when it survives a pickle round trip, and its traceback."""
+    text = "".join(traceback.format_exception(exc))
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)
+    except Exception:
+        data = None
+    return data, text
+
+
+def _rebuild(data: bytes | None, text: str) -> BaseException:
+    if data is not None:
+        exc = pickle.loads(data)
+    else:
+        exc = RuntimeError(f"an exception that cannot be pickled was raised:\n{text}")
+    exc.add_note(f"traceback in the worker process:\n{text}")
+    return exc
+
+
+def _worker_main(
+    wid: int,
+    config: tuple[Any, ...],
+    stage_fns: Callable[[Any, int], Sequence[Callable[[Any], Any]]] | None,
+    tasks: Connection,
+    results: Connection,
+    arenas: list[Arena] | None,
+    others: list[Connection],
+    others_arenas: list[Arena],
+) -> None:
+    for conn in others:
+        conn.close()
+    for arena in others_arenas:
+        arena.close()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
+    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation = config
+    try:
+        set_process_worker_info(wid, num_workers, base_seed, dataset)
+        if init_fn is not None:
+            init_fn(wid)
+    except Exception as exc:
+        results.send(("init_error", *_pack_error(exc)))
+        os._exit(1)
+    steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
+    while True:
+        try:
+            task = tasks.recv()
+        except (EOFError, OSError):  # the loader's process is gone
+            break
+        if task is None:
+            break
+        task_id, slot, values, split, indices = task
+        if split not in steps_cache and split >= 0 and stage_fns is not None:
+            steps_cache[split] = stage_fns(dataset, split)
+        arena = arenas[slot] if arenas is not None else None
+        steps = steps_cache.get(split) if split >= 0 else None
+        results.send(
+            _load(
+                task_id,
+                slot,
+                values,
+                split,
+                indices,
+                dataset,
+                steps,
+                collate_fn,
+                auto_collation,
+                arena,
+            )
+        )
+    os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
+
+
+def _load(
+    task_id: int,
+    slot: int,
+    values: list[Any],
+    split: int,
+    indices: list[Any],
+    dataset: Any,
+    steps: Sequence[Callable[[Any], Any]] | None,
+    collate_fn: Callable[[Any], Any],
+    auto_collation: bool,
+    arena: Arena | None,
+) -> tuple[Any, ...]:
+    fetched = fetch_batch(dataset, values, indices, steps, collate_fn, auto_collation)
+    if fetched.errors is None:
+        data, size = dump_batch(fetched.batch, arena)
+        return ("ok", task_id, slot, data, size)
+    data, size = dump_batch(fetched.samples, arena)
+    errors = [(pos, index, *_pack_error(exc)) for pos, index, exc in fetched.errors]
+    return ("failed", task_id, slot, data, size, errors)

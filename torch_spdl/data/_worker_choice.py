@@ -1,0 +1,200 @@
+"""``worker_type="auto"``: threads or processes, chosen from what ``__getitem__`` does.
+
+The first epoch starts at once on ``num_workers`` threads, each loading whole batches, and
+measures every batch: the wall time and the thread's CPU time spent in ``__getitem__``,
+over a window of at least :data:`WINDOW_S` and :data:`WINDOW_BATCHES` batches. Two figures
+decide (:func:`decide`):
+
+- ``P``, the CPU seconds ``__getitem__`` used per second of the window, summed over the
+  threads: the cores it kept busy. Code that holds the GIL cannot exceed one core however
+  many threads run it; code that releases it (PIL, PyAV, large torch ops) can.
+- ``f``, the share of a sample's wall time spent on the CPU: small when it waits (files,
+  network, ``sleep``).
+
+The rule, in order:
+
+1. ``P > 1.3``: the work runs in parallel on threads (it releases the GIL): threads.
+2. ``P >= 0.5``: the GIL is the bottleneck (one core, shared by every thread): worker
+   processes, as torch uses, unless a whole batch costs under :data:`MIN_PROCESS_BATCH_S`
+   of CPU, where moving it between processes would cost more than it saves: threads.
+3. ``f < 0.5``: it mostly waits: threads, and more of them than ``num_workers``, since a
+   waiting thread costs nothing: ``num_workers / max(f, 1/16)``, at most
+   :data:`MAX_IO_THREADS`, each loading one sample at a time so that a batch is spread
+   over many of them.
+4. Otherwise (the loader, not ``__getitem__``, is the bottleneck): threads.
+
+The loader switches plan at most once, early in the first epoch (the batches loaded
+until then are kept; those not started yet are loaded by the new plan, so none is lost or
+loaded twice), logs one line, keeps the choice in ``DataLoader.worker_choice`` and uses it
+for every later epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = [
+    "MAX_IO_THREADS",
+    "MIN_PROCESS_BATCH_S",
+    "WINDOW_BATCHES",
+    "WINDOW_S",
+    "Measurement",
+    "Probe",
+    "SwitchGate",
+    "WorkerChoice",
+    "decide",
+]
+
+WINDOW_S = 0.1
+WINDOW_BATCHES = 4
+MIN_PROCESS_BATCH_S = 0.002
+MAX_IO_THREADS = 64
+_PARALLEL = 1.3
+_GIL_BOUND = 0.5
+_WAITS = 0.5
+
+
+@dataclass(frozen=True)
+class WorkerChoice:
+    """How a loader runs ``__getitem__``: on ``threads`` threads, one sample (``per_batch``
+    False) or one batch at a time each, or in ``num_workers`` processes."""
+
+    kind: Literal["thread", "process"]
+    threads: int
+    per_batch: bool
+    reason: str
+
+    def __str__(self) -> str:
+        if self.kind == "process":
+            return f"worker processes: {self.reason}"
+        unit = "batch" if self.per_batch else "sample"
+        return f"{self.threads} threads, a {unit} each: {self.reason}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What the probe saw: ``samples`` loaded in ``batches`` batches over ``window_s``
+    seconds, with ``busy_s`` wall and ``cpu_s`` thread CPU seconds inside
+    ``__getitem__`` (summed over threads)."""
+
+    samples: int
+    batches: int
+    window_s: float
+    busy_s: float
+    cpu_s: float
+
+    @property
+    def cores(self) -> float:
+        return self.cpu_s / self.window_s if self.window_s > 0 else 0.0
+
+    @property
+    def cpu_share(self) -> float:
+        return self.cpu_s / self.busy_s if self.busy_s > 0 else 1.0
+
+
+def decide(m: Measurement, num_workers: int, batch_size: int) -> WorkerChoice:
+    """The plan for a measurement (the rule in this module's docstring)."""
+    cores, share = m.cores, m.cpu_share
+    per_sample = m.cpu_s / max(m.samples, 1)
+    figures = f"__getitem__ kept {cores:.2f} cores busy, {share:.0%} of its time on the CPU"
+    if cores > _PARALLEL:
+        return WorkerChoice("thread", num_workers, True, f"it releases the GIL ({figures})")
+    if cores >= _GIL_BOUND:
+        if per_sample * batch_size < MIN_PROCESS_BATCH_S:
+            why = f"it holds the GIL, but a batch costs {per_sample * batch_size * 1e3:.2f} ms"
+            return WorkerChoice("thread", num_workers, True, f"{why} ({figures})")
+        return WorkerChoice("process", num_workers, True, f"it holds the GIL ({figures})")
+    if share < _WAITS:
+        threads = min(MAX_IO_THREADS, max(num_workers, math.ceil(num_workers / max(share, 1 / 16))))
+        return WorkerChoice("thread", threads, False, f"it waits ({figures})")
+    return WorkerChoice("thread", num_workers, True, f"the loader is the bottleneck ({figures})")
+
+
+class Probe:
+    """Measures whole-batch loads on threads until the window is full."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._start: float | None = None
+        self._end = 0.0
+        self._samples = 0
+        self._batches = 0
+        self._busy = 0.0
+        self._cpu = 0.0
+        self.done = False
+
+    def started(self, now: float) -> None:
+        if self._start is None:
+            with self._lock:
+                if self._start is None:
+                    self._start = now
+
+    def record(self, samples: int, wall: float, cpu: float, now: float) -> None:
+        with self._lock:
+            self._samples += samples
+            self._batches += 1
+            self._busy += wall
+            self._cpu += cpu
+            self._end = now
+
+    def measurement(self) -> Measurement | None:
+        """The window's figures once it is full, else None."""
+        with self._lock:
+            if self._start is None:
+                return None
+            window = self._end - self._start
+            if self._batches < WINDOW_BATCHES or window < WINDOW_S:
+                return None
+            return Measurement(self._samples, self._batches, window, self._busy, self._cpu)
+
+    def final(self) -> Measurement | None:
+        """Whatever was measured (at the end of a short epoch), if anything."""
+        with self._lock:
+            if self._start is None or not self._batches:
+                return None
+            window = max(self._end - self._start, 1e-9)
+            return Measurement(self._samples, self._batches, window, self._busy, self._cpu)
+
+
+class SwitchGate:
+    """Hands the batches not yet started over to a new plan, exactly once.
+
+    Batches start in order on the probing pipeline; when the plan changes, every batch
+    numbered from ``cut`` (one past the highest started) is set aside instead of loaded,
+    and the source stops. The next pipeline loads the set-aside batches, then the rest."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._highest = -1
+        self.cut: int | None = None
+        self.choice: WorkerChoice | None = None
+        self.deferred: list[tuple[int, Any]] = []
+        self.next_batch: int | None = None  # where the source stopped, if it did
+
+    def start(self, b: int, item: tuple[int, Any]) -> bool:
+        """Whether batch ``b`` is loaded here (else it was set aside for the next plan)."""
+        with self._lock:
+            if self.cut is not None and b >= self.cut:
+                self.deferred.append(item)
+                return False
+            self._highest = max(self._highest, b)
+            return True
+
+    def switch(self, choice: WorkerChoice) -> None:
+        with self._lock:
+            if self.cut is None:
+                self.cut = self._highest + 1
+                self.choice = choice
+
+    @property
+    def switched(self) -> bool:
+        return self.cut is not None
+
+
+def clock() -> tuple[float, float]:
+    """Wall and this thread's CPU time."""
+    return time.perf_counter(), time.thread_time()
