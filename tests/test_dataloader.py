@@ -1150,12 +1150,15 @@ class _LargeSamples(Dataset):
         return torch.full((3, 512, 512), i % 256, dtype=torch.uint8)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_recycled_batch_buffers_never_overwrite_a_batch_still_held(workers: int) -> None:
-    """Large batches are stacked into reused buffers: every batch kept by the consumer must
-    keep its values while later batches are made, and buffers must be reused once dropped."""
+@pytest.mark.parametrize(("workers", "worker_type"), [(0, "thread"), (2, "thread"), (2, "process")])
+def test_recycled_batch_buffers_never_overwrite_a_batch_still_held(
+    workers: int, worker_type: str
+) -> None:
+    """Large batches are stacked (or copied out of a worker's arena) into reused buffers:
+    every batch kept by the consumer must keep its values while later batches are made, and
+    buffers must be reused once dropped."""
     ref = list(TorchDataLoader(_LargeSamples(), batch_size=4))
-    loader = DataLoader(_LargeSamples(), batch_size=4, num_workers=workers)
+    loader = DataLoader(_LargeSamples(), batch_size=4, num_workers=workers, worker_type=worker_type)
     held = list(loader)  # every batch alive at once: no buffer may be handed out twice
     assert_same_batches(held, ref)
     del held
@@ -1165,7 +1168,8 @@ def test_recycled_batch_buffers_never_overwrite_a_batch_still_held(workers: int)
         if i == 1:
             kept = batch
     assert kept is not None and torch.equal(kept, ref[1])
-    assert len(seen) < len(ref) // 2  # dropped buffers came back (24 batches)
+    # dropped buffers came back (24 batches; a process loader has more batches in flight)
+    assert len(seen) < (len(ref) // 2 if worker_type == "thread" else len(ref))
 
 
 # -- 7. worker processes -----------------------------------------------------------------------

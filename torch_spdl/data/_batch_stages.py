@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
 from ._fetch import Fetched, fetch_batch
 from ._process_workers import ProcessWorkers
 from ._stages import BatchError, FailureBudget, Slot, settle
@@ -88,7 +90,7 @@ class LoadInThreads:
         probe.started(t0)
         fetched = self._fetch(indices)
         t1, c1 = clock()
-        probe.record(len(indices), t1 - t0, c1 - c0, t1)
+        probe.record(len(indices), t1 - t0, c1 - c0, t1, tensor_bytes(fetched.batch))
         measured = probe.measurement()
         if measured is not None and not probe.done:
             probe.done = True
@@ -96,6 +98,12 @@ class LoadInThreads:
                 decide(measured, self.group.num_workers if self.group else 1, self.batch_size)
             )
         return b, fetched
+
+    def decide(self, measured: Any) -> WorkerChoice:
+        group = self.group
+        workers = group.num_workers if group is not None else 1
+        more = group is None or group.init_fn is None
+        return decide(measured, workers, self.batch_size, more_threads=more)
 
     def choose(self, choice: WorkerChoice) -> None:
         if self.on_choice is not None:
@@ -139,6 +147,17 @@ class LoadInWorkers:
             return b, self.workers.run(b, values, self.split, indices)
         except Exception as exc:  # the worker died or failed to start
             return b, BatchError(exc)
+
+
+def tensor_bytes(batch: Any) -> int:
+    """The bytes of the tensors in a (nested) batch."""
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    if isinstance(batch, dict):
+        return sum(tensor_bytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(tensor_bytes(v) for v in batch)
+    return 0
 
 
 class SettleBatch:

@@ -132,6 +132,7 @@ class DataLoader(_TorchDataLoader):
         self._resume: dict[str, Any] | None = None
         self._live: weakref.ReferenceType[EpochIterator] | None = None
         self._executor: Executor | None = None  # persistent worker threads
+        self._executor_threads = 0
         self._process_workers: ProcessWorkers | None = None  # persistent worker processes
         self._finalizers: list[weakref.finalize] = []
         #: How ``__getitem__`` runs: set at once for ``worker_type="thread"``/``"process"``,
@@ -184,13 +185,16 @@ class DataLoader(_TorchDataLoader):
         _LG.info("torch_spdl.DataLoader(worker_type='auto'): %s", choice)
 
     def _persistent_executor(self, threads: int) -> Executor | None:
-        """The threads that outlive epochs when ``persistent_workers=True``."""
-        if not self.persistent_workers or threads != self.num_workers:
+        """The threads that outlive epochs when ``persistent_workers=True`` (made again,
+        once, when ``worker_type="auto"`` chose another number of threads)."""
+        if not self.persistent_workers:
             return None
+        if self._executor is not None and self._executor_threads != threads:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor, self._group = None, None
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                self.num_workers, thread_name_prefix="torch_spdl-worker"
-            )
+            self._executor = ThreadPoolExecutor(threads, thread_name_prefix="torch_spdl-worker")
+            self._executor_threads = threads
             self._finalizers.append(
                 weakref.finalize(self, self._executor.shutdown, wait=True, cancel_futures=True)
             )

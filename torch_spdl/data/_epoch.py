@@ -34,7 +34,7 @@ from ._stages import (
 )
 from ._transfer import BatchMover
 from ._worker import WorkerGroup
-from ._worker_choice import Probe, SwitchGate, WorkerChoice
+from ._worker_choice import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice, decide
 
 if TYPE_CHECKING:
     from ._dataloader import DataLoader
@@ -120,6 +120,7 @@ class EpochIterator:
         )
         self._tokens: Tokens | None = None
         self._gate: SwitchGate | None = None
+        self._probe: Probe | None = None
         self._workers: ProcessWorkers | None = None  # this epoch's own (not persistent)
         if self._map_style:
             first = next(indices, _END)  # the sampler's own draws happen now, in this thread
@@ -191,26 +192,27 @@ class EpochIterator:
         dataset = loader.dataset
         if plan == "inline":
             specs = self._stage_specs(None)
-            source = self._slots(specs)
+            source = self._slots(specs, batches)
             fused = RebatchCollate(self._rebatch(), self._collate())
             builder = PipelineBuilder().add_source(load_inline(source, specs[0].op, fused))
             return self._finish(builder)
         if plan == "staged":
             split = split_point(dataset, loader.worker_type)
             if split is None:
-                return self._build_samples(None)
+                return self._build_samples(None, batches)
             return self._build_processes(split, batches)
         if plan == "probe":
             threads = loader._threads
             current = WorkerChoice("thread", threads, True, "measuring")
             self._gate = SwitchGate()
             batches = self._batches(0)  # now stopped by the gate when the plan changes
+            self._probe = Probe()
             op = LoadInThreads(
                 dataset,
                 self._collate().collate_fn,
                 loader._auto_collation,
                 self._thread_group(threads),
-                probe=Probe(),
+                probe=self._probe,
                 gate=self._gate,
                 on_choice=_weakly(loader._chose),
                 current=current,
@@ -228,7 +230,7 @@ class EpochIterator:
                 self._thread_group(plan.threads),
             )
             return self._build_batches(op, plan.threads, batches)
-        return self._build_samples(plan.threads)
+        return self._build_samples(plan.threads, batches)
 
     def _build_batches(
         self, op: Any, threads: int, batches: Iterator[tuple[int, list[Any]]]
@@ -262,7 +264,7 @@ class EpochIterator:
             builder = PipelineBuilder().add_source(batches)
         else:
             specs = self._stage_specs(None)[:split]
-            builder = PipelineBuilder().add_source(self._slots(specs))
+            builder = PipelineBuilder().add_source(self._slots(specs, batches))
             self._add_stages(builder, specs)
             builder.pipe(self._rebatch(with_index=True), name="rebatch")
         builder.pipe(
@@ -275,14 +277,16 @@ class EpochIterator:
         builder.pipe(SettleBatch(self._budget, collate_fn, loader._auto_collation), name="settle")
         return self._finish(builder)
 
-    def _build_samples(self, threads: int | None) -> PipelineBuilder[Any, Any]:
+    def _build_samples(
+        self, threads: int | None, batches: Iterator[tuple[int, list[Any]]]
+    ) -> PipelineBuilder[Any, Any]:
         """One sample at a time through the stages (``threads`` runs ``__getitem__``), then
         rebatch and collate."""
         loader = self._loader
         cc = loader.collate_concurrency
         cc_max = _bound(cc, "cpu")
         specs = self._stage_specs(threads)
-        builder = PipelineBuilder().add_source(self._slots(specs))
+        builder = PipelineBuilder().add_source(self._slots(specs, batches))
         rebatch = self._rebatch()
         self._add_stages(builder, specs)
         collate = self._collate()
@@ -313,12 +317,11 @@ class EpochIterator:
                 **_auto(spec.concurrency, spec.kind, tuned.get(spec.name)),
             )
 
-    def _slots(self, specs: list[_StageSpec]) -> Iterator[Slot]:
+    def _slots(
+        self, specs: list[_StageSpec], batches: Iterator[tuple[int, list[Any]]]
+    ) -> Iterator[Slot]:
         self._tokens = Tokens(self._token_count(specs))
-        loader = self._loader
-        return slots(
-            self._chosen, loader._auto_collation, self._watermark, set(self._extra), self._tokens
-        )
+        return slots(batches, self._tokens)
 
     def _rebatch(self, with_index: bool = False) -> Rebatch:
         assert self._tokens is not None, "the slots come first"
@@ -339,11 +342,16 @@ class EpochIterator:
         return builder.add_sink(self._buffer_size())
 
     def _thread_group(self, threads: int) -> WorkerGroup | None:
-        """The worker ids of this epoch's threads (kept across epochs with persistent
-        workers, whose threads ran ``worker_init_fn`` once)."""
-        if self._loader._persistent_executor(threads) is not None:
-            return self._loader._persistent_group(self._group)
-        return self._group
+        """The worker ids of this epoch's ``threads`` threads (kept across epochs with
+        persistent workers, whose threads ran ``worker_init_fn`` once)."""
+        group = self._group
+        if group is not None and group.num_workers != threads:  # "auto" chose more
+            group = self._group = WorkerGroup(
+                threads, group.base_seed, group.dataset, self._loader.worker_init_fn
+            )
+        if self._loader._persistent_executor(threads) is not None and group is not None:
+            return self._loader._persistent_group(group)
+        return group
 
     def _buffer_size(self) -> int:
         loader = self._loader
@@ -477,6 +485,14 @@ class EpochIterator:
             self._workers.shutdown()
             self._workers = None
         self._pipeline.stop()
+        probe = self._probe
+        if probe is not None and not probe.done and loader.worker_choice is None:
+            # An epoch too short to decide in: decide for the next one from what it saw.
+            measured = probe.final()
+            if measured is not None and measured.batches >= WINDOW_BATCHES:
+                more = loader.worker_init_fn is None
+                size = loader.batch_size or 1
+                loader._chose(decide(measured, loader.num_workers, size, more_threads=more))
 
     def _record_tuning(self) -> None:
         for stats in self._pipeline.get_stats():  # where "auto" stages settled

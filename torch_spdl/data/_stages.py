@@ -274,19 +274,12 @@ class Tagged:
         return (b, batch) if self.tagged else batch
 
 
-def slots(
-    chosen: Iterator[Any], auto_collation: bool, done: int, skip: set[int], tokens: Tokens
-) -> Iterator[Slot]:
-    """Per-sample slots for every batch not yet delivered (batches ``< done`` and in
-    ``skip`` were delivered before a restore: their samples are never read again)."""
-    for b, indices in enumerate(chosen):
-        if b < done or b in skip:
-            continue
+def slots(batches: Iterator[tuple[int, list[Any]]], tokens: Tokens) -> Iterator[Slot]:
+    """Per-sample slots of ``(batch number, indices)`` pairs (without auto-collation, each
+    "batch" is one index, alone in its list)."""
+    for b, indices in batches:
         if not tokens.take():
             return
-        if not auto_collation:
-            yield Slot(b, 1, 0, indices)
-            continue
         size = len(indices)
         if size == 0:
             yield Slot(b, 0, 0, None)  # an empty batch still goes to collate_fn, as in torch
