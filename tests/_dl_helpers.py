@@ -116,3 +116,28 @@ class ProcessWorkerInfoData(Dataset):
 def mark_init(worker_id: int) -> None:
     """worker_init_fn for process workers: leaves a mark the dataset can read."""
     os.environ["_DL_HELPERS_INIT_RAN"] = str(os.getpid())
+
+
+def assert_same(ours: Any, ref: Any, path: str = "batch") -> None:
+    """Exact structural equality: same types, same keys, equal tensors (dtype and shape)."""
+    assert type(ours) is type(ref), f"{path}: {type(ours).__name__} != {type(ref).__name__}"
+    if isinstance(ref, torch.Tensor):
+        assert ours.dtype == ref.dtype, f"{path}: dtype {ours.dtype} != {ref.dtype}"
+        assert ours.shape == ref.shape, f"{path}: shape {ours.shape} != {ref.shape}"
+        assert torch.equal(ours, ref), f"{path}: {ours} != {ref}"
+    elif isinstance(ref, dict):
+        assert list(ours) == list(ref), f"{path}: keys {list(ours)} != {list(ref)}"
+        for key in ref:
+            assert_same(ours[key], ref[key], f"{path}[{key!r}]")
+    elif isinstance(ref, (list, tuple)):
+        assert len(ours) == len(ref), f"{path}: len {len(ours)} != {len(ref)}"
+        for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
+            assert_same(a, b, f"{path}[{i}]")
+    else:
+        assert ours == ref, f"{path}: {ours!r} != {ref!r}"
+
+
+def assert_same_batches(ours: list[Any], ref: list[Any]) -> None:
+    assert len(ours) == len(ref), f"{len(ours)} batches, torch gives {len(ref)}"
+    for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
+        assert_same(a, b, f"batch {i}")

@@ -25,6 +25,7 @@ from _dl_helpers import (
     ProcessBadData,
     ProcessData,
     ProcessWorkerInfoData,
+    assert_same_batches,
     list_collate,
     make_sample,
     mark_init,
@@ -52,31 +53,6 @@ N = 23  # samples in the matrix datasets (odd, so drop_last matters)
 # -- helpers --------------------------------------------------------------------------------
 def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def assert_same(ours: Any, ref: Any, path: str = "batch") -> None:
-    """Exact structural equality: same types, same keys, equal tensors (dtype and shape)."""
-    assert type(ours) is type(ref), f"{path}: {type(ours).__name__} != {type(ref).__name__}"
-    if isinstance(ref, torch.Tensor):
-        assert ours.dtype == ref.dtype, f"{path}: dtype {ours.dtype} != {ref.dtype}"
-        assert ours.shape == ref.shape, f"{path}: shape {ours.shape} != {ref.shape}"
-        assert torch.equal(ours, ref), f"{path}: {ours} != {ref}"
-    elif isinstance(ref, dict):
-        assert list(ours) == list(ref), f"{path}: keys {list(ours)} != {list(ref)}"
-        for key in ref:
-            assert_same(ours[key], ref[key], f"{path}[{key!r}]")
-    elif isinstance(ref, (list, tuple)):
-        assert len(ours) == len(ref), f"{path}: len {len(ours)} != {len(ref)}"
-        for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
-            assert_same(a, b, f"{path}[{i}]")
-    else:
-        assert ours == ref, f"{path}: {ours!r} != {ref!r}"
-
-
-def assert_same_batches(ours: list[Any], ref: list[Any]) -> None:
-    assert len(ours) == len(ref), f"{len(ours)} batches, torch gives {len(ref)}"
-    for i, (a, b) in enumerate(zip(ours, ref, strict=True)):
-        assert_same(a, b, f"batch {i}")
 
 
 def pipeline_threads() -> list[threading.Thread]:

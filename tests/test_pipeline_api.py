@@ -25,7 +25,6 @@ from torch_spdl.pipeline import Pipeline, PipelineBuilder, StageStats
 pytestmark = pytest.mark.timeout(60)
 
 
-
 # ---------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------

@@ -1,7 +1,20 @@
-"""The torch face: a drop-in DataLoader, staged datasets, worker info."""
+"""The torch face: a drop-in DataLoader, staged datasets, worker info, and how a loader
+chooses between threads and processes (``worker_type="auto"``)."""
 
 from ._dataloader import DataLoader
+from ._process_workers import WorkerFailure
 from ._staged import Stage, StagedDataset
 from ._worker import WorkerInfo, get_worker_info
+from ._worker_choice import Measurement, WorkerChoice, decide
 
-__all__ = ["DataLoader", "Stage", "StagedDataset", "WorkerInfo", "get_worker_info"]
+__all__ = [
+    "DataLoader",
+    "Measurement",
+    "Stage",
+    "StagedDataset",
+    "WorkerChoice",
+    "WorkerFailure",
+    "WorkerInfo",
+    "decide",
+    "get_worker_info",
+]

@@ -2,8 +2,8 @@
 
 ``batch_tasks`` feeds the batches the sampler chose (those not yet delivered); each is
 loaded whole by :class:`LoadInThreads` (on a thread, measuring it while
-``worker_type="auto"`` decides) or :class:`LoadInWorkers` (a thread per batch in flight,
-waiting for its worker process), then :class:`SettleBatch` applies the failure budget as
+``worker_type="auto"`` decides) or :class:`SendToWorkers` (sent to its worker process by one
+thread, in order, and waited for by others), then :class:`SettleBatch` applies the failure budget as
 the per-sample path's ``rebatch`` does, and collates what is left of a batch in which some
 samples failed (the loader of the batch could not know whether the budget allows skipping
 them).
@@ -22,7 +22,13 @@ from ._stages import BatchError, FailureBudget, Slot, settle
 from ._worker import WorkerGroup, single_threaded_ops
 from ._worker_choice import Probe, SwitchGate, WorkerChoice, clock, decide
 
-__all__ = ["LoadInThreads", "LoadInWorkers", "SettleBatch", "batch_tasks"]
+__all__ = [
+    "LoadInThreads",
+    "SendToWorkers",
+    "SettleBatch",
+    "batch_tasks",
+    "receive_from_workers",
+]
 
 
 def batch_tasks(
@@ -123,8 +129,9 @@ class LoadInThreads:
         )
 
 
-class LoadInWorkers:
-    """A pipeline op: batch ``b`` loaded (and collated) by worker process ``b % n``.
+class SendToWorkers:
+    """A pipeline op on one thread, in batch order: batch ``b`` sent to worker process
+    ``b % n``, as a future of what it made.
 
     Its input is ``(b, indices)`` (the worker runs ``__getitem__``), or, after stages that
     ran on threads, ``(b, [(index, value), ...])`` with ``split`` naming the first stage
@@ -144,9 +151,20 @@ class LoadInWorkers:
             indices = [index for index, _ in payload]
             values = [value for _, value in payload]
         try:
-            return b, self.workers.run(b, values, self.split, indices)
-        except Exception as exc:  # the worker died or failed to start
+            return b, self.workers.submit(b, values, self.split, indices)
+        except Exception as exc:  # the worker died, failed to start, or was stopped
             return b, BatchError(exc)
+
+
+def receive_from_workers(item: tuple[int, Any]) -> tuple[int, Any]:
+    """A pipeline op: waits for what a worker made of batch ``b``."""
+    b, future = item
+    if isinstance(future, BatchError):
+        return item
+    try:
+        return b, future.result()
+    except Exception as exc:  # the worker died, or the epoch ended
+        return b, BatchError(exc)
 
 
 def tensor_bytes(batch: Any) -> int:

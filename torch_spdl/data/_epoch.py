@@ -14,7 +14,13 @@ from torch.utils.data import IterableDataset
 
 from ..pipeline import PipelineBuilder, PipelineFailure
 from ..pipeline._autotune import DEFAULT_MAX_THREADS, cpu_count
-from ._batch_stages import LoadInThreads, LoadInWorkers, SettleBatch, batch_tasks
+from ._batch_stages import (
+    LoadInThreads,
+    SendToWorkers,
+    SettleBatch,
+    batch_tasks,
+    receive_from_workers,
+)
 from ._collate import is_default_collate
 from ._process_workers import ProcessWorkers
 from ._sampling import index_batches
@@ -134,7 +140,9 @@ class EpochIterator:
         # The pipeline starts at the first next(), as torch's single-process iterator does:
         # code that calls iter() twice on a loader whose batch sampler is its own iterator
         # (Lightning's predict loop does) must not have the unused first epoch pull from it.
-        self._iter = self._pipeline.get_iterator(timeout=self._timeout)
+        # It is read with get_item, not its iterator, so that this epoch decides the order
+        # of shutdown: worker processes first (their waiting threads then return), then the
+        # pipeline.
 
     # -- building --------------------------------------------------------------------------
     def _iterable_source(self) -> Iterator[Any]:
@@ -267,9 +275,12 @@ class EpochIterator:
             builder = PipelineBuilder().add_source(self._slots(specs, batches))
             self._add_stages(builder, specs)
             builder.pipe(self._rebatch(with_index=True), name="rebatch")
+        # One thread sends in batch order (each worker then runs its batches in torch's
+        # order); the results are waited for in order, or by one thread per batch in flight.
+        builder.pipe(SendToWorkers(workers, split), name="send")
         builder.pipe(
-            LoadInWorkers(workers, split),
-            concurrency=workers.num_workers * prefetch,
+            receive_from_workers,
+            concurrency=1 if loader.in_order else workers.num_workers * prefetch,
             output_order=ordered,
             name="getitem" if split < 0 else "process",
         )
@@ -393,7 +404,7 @@ class EpochIterator:
         if self._closed:
             raise StopIteration
         try:
-            item = next(self._iter)
+            item = self._get()
         except StopIteration:
             if self._switch():
                 return self.__next__()
@@ -420,6 +431,12 @@ class EpochIterator:
         self._loader.num_failures = self._budget.count
         return batch
 
+    def _get(self) -> Any:
+        try:
+            return self._pipeline.get_item(timeout=self._timeout)
+        except EOFError:
+            raise StopIteration from None
+
     def _switch(self) -> bool:
         """When ``worker_type="auto"`` chose another plan, the probing pipeline has ended:
         the batches it set aside, then the rest of the epoch, go to the new one."""
@@ -433,7 +450,6 @@ class EpochIterator:
         if gate.next_batch is not None:
             rest = itertools.chain(rest, self._batches(gate.next_batch))
         self._pipeline = self._build_map(gate.choice, rest).build(max_failures=0)
-        self._iter = self._pipeline.get_iterator(timeout=self._timeout)
         return True
 
     def _delivered(self, b: int | None) -> None:

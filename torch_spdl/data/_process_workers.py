@@ -48,6 +48,7 @@ from ._worker import set_process_worker_info
 __all__ = ["ProcessWorkers", "WorkerFailure"]
 
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
+_WATCHDOG_S = 5.0  # how often an idle worker checks that the loader's process still lives
 
 
 class WorkerFailure(RuntimeError):
@@ -55,18 +56,28 @@ class WorkerFailure(RuntimeError):
 
 
 class _Slots:
-    """The free arenas of one worker; a batch for it waits for one."""
+    """The free arenas of one worker; a batch for it waits for one (or until the epoch
+    that wants it ends: ``interrupt``)."""
 
     def __init__(self, count: int) -> None:
         self._free = list(range(count))
         self._cond = threading.Condition()
+        self._round = 0
         self.closed = False
 
     def take(self) -> int | None:
         with self._cond:
-            while not self._free and not self.closed:
+            start = self._round
+            while not self._free and not self.closed and self._round == start:
                 self._cond.wait()
-            return None if self.closed else self._free.pop()
+            if self.closed or self._round != start:
+                return None
+            return self._free.pop()
+
+    def interrupt(self) -> None:
+        with self._cond:
+            self._round += 1
+            self._cond.notify_all()
 
     def give(self, slot: int) -> None:
         with self._cond:
@@ -145,7 +156,10 @@ class ProcessWorkers:
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
         config = (dataset, num_workers, base_seed, worker_init_fn, collate_fn, auto_collation)
         for w in self._workers:
-            others = [
+            # Every pipe end but this worker's own two (its parent's end of its task pipe
+            # among them: held open in the child, the parent's death would go unnoticed).
+            others = [self._wake_r, self._wake_w, w.tasks, w.results]
+            others += [
                 end
                 for o in self._workers
                 if o is not w
@@ -172,9 +186,11 @@ class ProcessWorkers:
         return [w.process.pid for w in self._workers]
 
     # -- the loader's side ----------------------------------------------------------------
-    def run(self, b: int, values: list[Any], split: int, indices: list[Any]) -> Fetched:
-        """Load batch ``b`` in worker ``b % num_workers`` and wait for it.
+    def submit(self, b: int, values: list[Any], split: int, indices: list[Any]) -> Future[Fetched]:
+        """Send batch ``b`` to worker ``b % num_workers`` once it has a free arena.
 
+        Call it from one thread, in batch order: each worker runs its batches in the order
+        they were sent, which keeps its random draws equal to those under torch.
         ``values`` are the batch's indices (``split == -1``: ``__getitem__``) or the values
         the first ``split`` stages made on threads; ``indices`` name failed samples."""
         worker = self._workers[b % self.num_workers]
@@ -194,13 +210,15 @@ class ProcessWorkers:
                 worker.tasks.send((task_id, slot, values, split, indices))
         except (OSError, ValueError):
             pass  # the worker is gone: the receiver fails the batch with the reason
-        return future.result()
+        return future
 
     def cancel_pending(self) -> None:
         """Fail every batch still waited for (the epoch ended early). The workers finish
         those batches; each arena is free again when its (discarded) reply arrives."""
         with self._lock:
             pending, self._pending = self._pending, {}
+        for w in self._workers:
+            w.slots.interrupt()
         for future, _, _ in pending.values():
             future.set_exception(_closed())
 
@@ -374,8 +392,12 @@ def _worker_main(
         results.send(("init_error", *_pack_error(exc)))
         os._exit(1)
     steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
+    parent = os.getppid()
     while True:
         try:
+            while not tasks.poll(_WATCHDOG_S):
+                if os.getppid() != parent:  # the loader's process is gone
+                    os._exit(0)
             task = tasks.recv()
         except (EOFError, OSError):  # the loader's process is gone
             break

@@ -55,9 +55,7 @@ def jpeg_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
     return None
 
 
-def decode_jpeg(
-    data: bytes | bytearray | memoryview, label: str, options: dict[str, str]
-) -> Any:
+def decode_jpeg(data: bytes | bytearray | memoryview, label: str, options: dict[str, str]) -> Any:
     """Decode one JPEG packet with a fresh MJPEG decoder; return the PyAV frame.
 
     A new decoder per image (about 20 us) keeps no state between images, so a broken

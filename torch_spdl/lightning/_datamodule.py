@@ -14,6 +14,7 @@ from ..source import DistributedRandomSampler
 
 __all__ = ["FunctionDataset", "LightningDistributedRandomSampler", "StagedDataModule"]
 
+
 class FunctionDataset(StagedDataset):
     """A :class:`~torch_spdl.StagedDataset` made of functions: sample ``i`` is
     ``process(load(keys[i]))``. ``load`` (I/O) may be ``async def``; ``process`` (CPU) is

@@ -1,0 +1,358 @@
+"""Process workers and ``worker_type="auto"`` (issue 12): the same batches as torch's
+loader, for every kind of ``__getitem__`` and each worker type; errors and dead workers
+reported promptly; nothing left behind."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+import torch
+from _dl_helpers import MapData, assert_same_batches
+from _sync import WAIT
+from _worker_helpers import (
+    Dies,
+    RandomDraws,
+    SmallArrays,
+    Staged,
+    Stuck,
+    Tokens,
+    TorchWorkerInfo,
+    Waits,
+    failing_init,
+)
+from torch.utils.data import DataLoader as TorchDataLoader
+
+from torch_spdl import DataLoader, PipelineBuilder
+from torch_spdl.data import Measurement, WorkerFailure, decide
+
+WORKER_TYPES = ["auto", "thread", "process"]
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(autouse=True)
+def quiet_worker_count_warning() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        yield
+
+
+def shared_memory() -> set[str]:
+    """The loader's shared memory this process still holds: its arenas are ``memfd`` files
+    (open or mapped here, never named in /dev/shm), and anything it would name there."""
+    held = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if "torch_spdl" in target:
+            held.add(target)
+    with open("/proc/self/maps") as maps:
+        held.update(line.split(None, 5)[-1].strip() for line in maps if "torch_spdl" in line)
+    return held | {f"/dev/shm/{n}" for n in os.listdir("/dev/shm") if "torch_spdl" in n}
+
+
+def snapshot() -> tuple[set[int], set[threading.Thread], set[str]]:
+    """Child processes, threads and shared memory."""
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    return children, set(threading.enumerate()), shared_memory()
+
+
+def leftovers(before: tuple[set[int], set[threading.Thread], set[str]]) -> list[str]:
+    """What is there now and was not before (waiting a bounded time for what is on its way
+    out)."""
+    children, threads, shm = before
+    new = [p for p in psutil.Process().children(recursive=True) if p.pid not in children]
+    _, alive = psutil.wait_procs(new, timeout=WAIT)
+    left = [f"process {p.pid}" for p in alive]
+    for t in set(threading.enumerate()) - threads:
+        t.join(WAIT)
+        if t.is_alive():
+            left.append(f"thread {t.name}")
+    return left + sorted(shared_memory() - shm)
+
+
+@pytest.fixture
+def nothing_left() -> Iterator[None]:
+    before = snapshot()
+    yield
+    gc.collect()
+    assert not leftovers(before)
+
+
+# -- the same batches as torch --------------------------------------------------------------
+DATASETS = {
+    "tokens": (lambda: Tokens(40), 4),
+    "small_arrays": (lambda: SmallArrays(40), 8),
+    "ints": (lambda: MapData(37, "int"), 5),
+    "dicts": (lambda: MapData(30, "dict"), 4),
+}
+
+
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+@pytest.mark.parametrize("name", list(DATASETS))
+def test_batches_equal_torchs(name: str, worker_type: str) -> None:
+    make, batch = DATASETS[name]
+    ref = TorchDataLoader(make(), batch_size=batch, shuffle=True, generator=gen(5))
+    ours = DataLoader(
+        make(),
+        batch_size=batch,
+        shuffle=True,
+        generator=gen(5),
+        num_workers=2,
+        worker_type=worker_type,
+    )
+    for _ in range(2):  # the second epoch runs on what "auto" chose
+        assert_same_batches(list(ours), list(ref))
+
+
+@pytest.mark.parametrize("num_workers", [1, 2, 3])
+def test_random_draws_in_workers_equal_torchs_worker_processes(num_workers: int) -> None:
+    """Seeds and the batch-to-worker assignment follow torch, so the draws match."""
+    ref = list(
+        TorchDataLoader(RandomDraws(24), batch_size=3, num_workers=num_workers, generator=gen(1))
+    )
+    ours = DataLoader(
+        RandomDraws(24),
+        batch_size=3,
+        num_workers=num_workers,
+        worker_type="process",
+        generator=gen(1),
+    )
+    assert_same_batches(list(ours), ref)
+
+
+def test_torch_get_worker_info_in_worker_processes_equals_torchs() -> None:
+    ref = list(TorchDataLoader(TorchWorkerInfo(), batch_size=2, num_workers=2, generator=gen(3)))
+    ours = DataLoader(
+        TorchWorkerInfo(), batch_size=2, num_workers=2, worker_type="process", generator=gen(3)
+    )
+    assert_same_batches(list(ours), ref)
+
+
+def test_batch_size_none_in_processes_equals_torch() -> None:
+    ref = list(TorchDataLoader(MapData(9, "dict"), batch_size=None, num_workers=2))
+    ours = DataLoader(MapData(9, "dict"), batch_size=None, num_workers=2, worker_type="process")
+    assert_same_batches(list(ours), ref)
+
+
+def test_staged_dataset_loads_on_threads_and_processes_in_workers() -> None:
+    loader = DataLoader(Staged(12), batch_size=4, num_workers=2, worker_type="process")
+    batches = list(loader)
+    assert [b["i"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert {pid for b in batches for pid in b["load_pid"].tolist()} == {os.getpid()}
+    workers = {pid for b in batches for pid in b["process_pid"].tolist()}
+    assert os.getpid() not in workers and len(workers) == 2
+
+
+# -- worker_type="auto" -----------------------------------------------------------------------
+def measured(cores: float, share: float, batch_bytes: float = 0.0) -> Measurement:
+    """A window of 1 s, 1000 samples in 100 batches, ``cores`` cores busy in
+    ``__getitem__``, which spends ``share`` of its wall time on the CPU."""
+    return Measurement(1000, 100, 1.0, cores / share, cores, batch_bytes)
+
+
+def test_auto_chooses_processes_when_the_gil_is_the_bottleneck() -> None:
+    choice = decide(measured(0.97, 0.5), num_workers=2, batch_size=32, cores=2)
+    assert choice.kind == "process" and "holds the GIL" in choice.reason
+
+
+def test_auto_keeps_threads_when_the_work_runs_in_parallel() -> None:
+    choice = decide(measured(1.8, 0.95), num_workers=2, batch_size=32, cores=2)
+    assert (choice.kind, choice.threads, choice.per_batch) == ("thread", 2, True)
+    assert "parallel" in choice.reason
+
+
+def test_auto_keeps_threads_on_one_core_whatever_holds_the_gil() -> None:
+    assert decide(measured(0.9, 0.9), num_workers=4, batch_size=32, cores=1).kind == "thread"
+
+
+def test_auto_keeps_threads_when_a_batch_is_cheaper_than_moving_it() -> None:
+    cheap = Measurement(1000, 100, 1.0, 1.0, 0.9, 0.0)  # 0.9 ms of CPU per sample...
+    assert decide(cheap, num_workers=2, batch_size=1, cores=2).kind == "thread"  # ...batch 1
+    large = Measurement(1000, 100, 1.0, 1.5, 0.9, 64e6)  # 29 ms a batch, 64 MB to move
+    assert decide(large, num_workers=2, batch_size=32, cores=2).kind == "thread"
+    smaller = Measurement(1000, 100, 1.0, 1.5, 0.9, 1e6)  # 1 MB to move
+    assert decide(smaller, num_workers=2, batch_size=32, cores=2).kind == "process"
+
+
+def test_auto_gives_waiting_work_more_threads_one_sample_each() -> None:
+    choice = decide(measured(0.02, 0.01), num_workers=4, batch_size=16, cores=2)
+    assert (choice.kind, choice.threads, choice.per_batch) == ("thread", 64, False)
+    assert decide(measured(0.2, 0.2), num_workers=2, batch_size=16, cores=2).threads == 10
+    no_more = decide(measured(0.02, 0.01), 4, 16, cores=2, more_threads=False)
+    assert no_more.threads == 4
+
+
+def test_auto_switches_once_to_more_threads_losing_and_repeating_nothing(caplog) -> None:
+    """Waiting work is measured on batch threads, then the rest of the epoch moves to
+    per-sample threads: every batch exactly once, in order, as torch gives them."""
+    torch_loader = TorchDataLoader(Waits(160), batch_size=4, shuffle=True, generator=gen(9))
+    ref = list(torch_loader)
+    loader = DataLoader(Waits(160), batch_size=4, shuffle=True, generator=gen(9), num_workers=2)
+    with caplog.at_level(logging.INFO, logger="torch_spdl.data"):
+        got = list(loader)
+    assert_same_batches(got, ref)
+    choice = loader.worker_choice
+    assert choice is not None and choice.kind == "thread" and not choice.per_batch
+    assert choice.threads > 2
+    lines = [r.getMessage() for r in caplog.records if "worker_type='auto'" in r.getMessage()]
+    assert len(lines) == 1 and "waits" in lines[0]
+    assert_same_batches(list(loader), list(torch_loader))  # the next epoch: the chosen plan
+
+
+def test_forced_worker_types_are_exposed() -> None:
+    assert DataLoader(MapData(4), num_workers=2, worker_type="process").worker_choice.kind == (
+        "process"
+    )
+    assert DataLoader(MapData(4), num_workers=2, worker_type="thread").worker_choice.kind == (
+        "thread"
+    )
+    assert DataLoader(MapData(4), num_workers=2).worker_choice is None  # not measured yet
+    with pytest.raises(ValueError, match="worker_type"):
+        DataLoader(MapData(4), worker_type="fiber")
+
+
+# -- failures -------------------------------------------------------------------------------
+@pytest.mark.parametrize("how", ["kill", "exit"])
+def test_a_dead_worker_is_named_never_waited_for(how: str, nothing_left: None) -> None:
+    loader = DataLoader(
+        Dies(40, bad=13, how=how), batch_size=4, num_workers=2, worker_type="process"
+    )
+    got = []
+    with pytest.raises(WorkerFailure, match="worker process 1") as exc:
+        for batch in loader:
+            got.extend(batch.tolist())
+    assert ("SIGKILL" if how == "kill" else "exit code 3") in str(exc.value)
+    assert got == list(range(12))  # every batch before the dead worker's
+    del loader
+
+
+def test_worker_init_fn_error_reaches_the_caller(nothing_left: None) -> None:
+    loader = DataLoader(
+        MapData(8), batch_size=2, num_workers=2, worker_type="process", worker_init_fn=failing_init
+    )
+    with pytest.raises(ValueError, match="cannot start") as exc:
+        list(loader)
+    assert any("worker_init_fn" in note for note in exc.value.__notes__)
+    del loader
+
+
+def test_sample_error_in_a_worker_keeps_its_type_index_and_worker() -> None:
+    from _dl_helpers import ProcessBadData
+
+    loader = DataLoader(
+        ProcessBadData(12, bad=6), batch_size=4, num_workers=2, worker_type="process"
+    )
+    with pytest.raises(KeyError) as exc:
+        list(loader)
+    notes = "\n".join(exc.value.__notes__)
+    assert "sample index 6" in notes and "worker process 1" in notes
+    assert "traceback in the worker process" in notes
+
+
+def test_max_failures_skips_samples_that_failed_in_workers() -> None:
+    from _dl_helpers import ProcessBadData
+
+    loader = DataLoader(
+        ProcessBadData(12, bad=6),
+        batch_size=4,
+        num_workers=2,
+        worker_type="process",
+        max_failures=1,
+    )
+    batches = list(loader)
+    assert [b["i"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 7], [8, 9, 10, 11]]
+    assert loader.num_failures == 1
+
+
+def test_timeout_with_a_stuck_worker_process(nothing_left: None) -> None:
+    loader = DataLoader(
+        Stuck(16, bad=4), batch_size=2, num_workers=2, worker_type="process", timeout=0.5
+    )
+    with pytest.raises(RuntimeError, match="timed out"):
+        list(loader)
+    del loader
+
+
+# -- fork safety, and nothing left behind ----------------------------------------------------
+def test_workers_fork_safely_while_other_pipelines_run(nothing_left: None) -> None:
+    """Other pipelines' threads are busy (holding their locks) while the workers fork."""
+    release = threading.Event()
+
+    def busy(i: int) -> int:
+        release.wait(WAIT)
+        return i
+
+    other = PipelineBuilder().add_source(range(100)).pipe(busy, concurrency=4).add_sink(2)
+    pipeline = other.build()
+    logger = logging.getLogger("torch_spdl.test.noise")
+    stop = threading.Event()
+
+    def noise() -> None:  # a thread taking the logging module's locks all the time
+        while not stop.is_set():
+            logger.debug("noise")
+
+    noisy = threading.Thread(target=noise)
+    noisy.start()
+    try:
+        with pipeline.auto_stop():
+            for _ in range(3):
+                loader = DataLoader(Tokens(24), batch_size=4, num_workers=2, worker_type="process")
+                assert len(list(loader)) == 6
+            release.set()  # before the pipeline stops: its threads can then end
+    finally:
+        release.set()
+        stop.set()
+        noisy.join()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("ending", ["dropped", "break", "exception"])
+def test_nothing_left_after_the_loader_is_done_with(
+    ending: str, persistent: bool, nothing_left: None
+) -> None:
+    loader: Any = DataLoader(
+        Tokens(64),
+        batch_size=4,
+        num_workers=2,
+        worker_type="process",
+        persistent_workers=persistent,
+    )
+    if ending == "dropped":
+        list(loader)
+    elif ending == "break":
+        for i, _ in enumerate(loader):
+            if i == 2:
+                break
+    else:
+        with pytest.raises(ZeroDivisionError):
+            for _ in loader:
+                raise ZeroDivisionError("in the training loop")
+    del loader
+
+
+def test_persistent_workers_keep_their_processes_until_shutdown(nothing_left: None) -> None:
+    from _dl_helpers import ProcessData
+
+    loader = DataLoader(
+        ProcessData(8, with_pid=True),
+        batch_size=2,
+        num_workers=2,
+        worker_type="process",
+        persistent_workers=True,
+    )
+    epochs = [{pid for b in loader for pid in b["pid"].tolist()} for _ in range(2)]
+    assert epochs[0] == epochs[1] and len(epochs[0]) == 2 and os.getpid() not in epochs[0]
+    loader.shutdown()  # the fixture checks that they are gone
