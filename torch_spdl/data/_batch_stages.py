@@ -153,7 +153,7 @@ class SendToWorkers:
         try:
             return b, self.workers.submit(b, values, self.split, indices)
         except Exception as exc:  # the worker died, failed to start, or was stopped
-            return b, BatchError(exc)
+            return b, BatchError(exc, fatal=True)
 
 
 def receive_from_workers(item: tuple[int, Any]) -> tuple[int, Any]:
@@ -164,7 +164,7 @@ def receive_from_workers(item: tuple[int, Any]) -> tuple[int, Any]:
     try:
         return b, future.result()
     except Exception as exc:  # the worker died, or the epoch ended
-        return b, BatchError(exc)
+        return b, BatchError(exc, fatal=True)
 
 
 def tensor_bytes(batch: Any) -> int:

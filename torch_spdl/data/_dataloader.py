@@ -17,7 +17,7 @@ import logging
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
@@ -35,7 +35,10 @@ _LG = logging.getLogger("torch_spdl.data")
 _WORKER_TYPES = ("auto", "thread", "process")
 
 
-class DataLoader(_TorchDataLoader):
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class DataLoader(_TorchDataLoader[_T_co]):
     """A drop-in for ``torch.utils.data.DataLoader`` that loads through a staged pipeline.
 
     Every argument of torch's DataLoader is accepted and validated by torch. ``num_workers``

@@ -425,8 +425,16 @@ class EpochIterator:
             raise
         b, batch = item if self._map_style else (None, item)
         if isinstance(batch, BatchError):
-            self._close()
-            raise batch.error
+            if batch.fatal:
+                self._close()
+            else:  # the batch is done with (as torch's iterator is): the epoch goes on
+                self._delivered(b)
+                self._loader.num_failures = self._budget.count
+            error = batch.error
+            # The traceback keeps this frame: without `self` in it, an error that ends the
+            # caller's loop does not keep the epoch (and its workers) running.
+            del self, item, batch
+            raise error
         self._delivered(b)
         self._loader.num_failures = self._budget.count
         return batch

@@ -53,12 +53,14 @@ class Slot:
 
 
 class BatchError:
-    """Stands in for a batch whose loading failed; the consumer raises ``error``."""
+    """Stands in for a batch whose loading failed; the consumer raises ``error``. The epoch
+    goes on after it (as torch's does), unless it is ``fatal`` (a worker process died)."""
 
-    __slots__ = ("error",)
+    __slots__ = ("error", "fatal")
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, error: BaseException, fatal: bool = False) -> None:
         self.error = error
+        self.fatal = fatal
 
 
 def _note(exc: BaseException, stage: str, slot: Slot, where: str = "") -> BaseException:
