@@ -532,7 +532,7 @@ def test_get_worker_info(num_workers: int) -> None:
         assert info is not None
         assert info.id in range(num_workers)
         assert info.num_workers == num_workers
-        assert info.dataset is ds
+        assert type(info.dataset) is Info and info.dataset is not ds  # the worker's copy
         assert info.seed == base_seed + info.id  # torch's seed for worker `id`
         assert info.generator.initial_seed() == info.seed
     # each worker has its own generators (not the global ones)
@@ -742,13 +742,19 @@ def test_timeout_is_honoured() -> None:
 
 # -- 5. resume ---------------------------------------------------------------------------------
 class Counting(Dataset):
-    """Int samples; counts ``__getitem__`` calls per index (and in all, with a condition)."""
+    """Int samples; counts ``__getitem__`` calls per index (and in all, with a condition).
+
+    The counters are objects changed in place, so the workers' copies of the dataset
+    (shallow, as documented) all count into them."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.calls: collections.Counter[int] = collections.Counter()
-        self.total = 0
         self.cond = threading.Condition()
+
+    @property
+    def total(self) -> int:
+        return self.calls.total()
 
     def __len__(self) -> int:
         return self.n
@@ -756,7 +762,6 @@ class Counting(Dataset):
     def __getitem__(self, i: int) -> int:
         with self.cond:
             self.calls[i] += 1
-            self.total += 1
             self.cond.notify_all()
         return i
 

@@ -124,9 +124,9 @@ class LoadInThreads:
             self.gate.switch(choice)
 
     def _fetch(self, indices: list[Any]) -> Fetched:
-        return fetch_batch(
-            self.dataset, indices, indices, None, self.collate_fn, self.auto_collation
-        )
+        group = self.group
+        dataset = self.dataset if group is None else group.local_dataset()
+        return fetch_batch(dataset, indices, indices, None, self.collate_fn, self.auto_collation)
 
 
 class SendToWorkers:

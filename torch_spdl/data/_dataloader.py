@@ -26,12 +26,13 @@ from ._collate import RecyclingCollate
 from ._epoch import EpochIterator, set_rng_state, stage_fns
 from ._process_workers import ProcessWorkers
 from ._staged import StagedDataset
-from ._worker import WorkerGroup
+from ._worker import WorkerGroup, install_torch_worker_info
 from ._worker_choice import WorkerChoice
 
 __all__ = ["DataLoader"]
 
 _LG = logging.getLogger("torch_spdl.data")
+install_torch_worker_info()  # torch.utils.data.get_worker_info() answers in loader threads
 _WORKER_TYPES = ("auto", "thread", "process")
 
 
@@ -85,6 +86,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         buffer_size: int | None = None,
         device: str | torch.device | None = None,
         max_failures: int = 0,
+        per_worker_dataset: bool = True,
     ) -> None:
         super().__init__(
             dataset,
@@ -129,6 +131,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self.buffer_size = buffer_size
         self.device = device
         self.max_failures = max_failures
+        self.per_worker_dataset = per_worker_dataset
         self.num_failures = 0
         self.check_worker_number_rationality()
         self._epoch = -1

@@ -120,7 +120,13 @@ class EpochIterator:
         self._base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
         self._budget = FailureBudget(loader.max_failures)
         self._group = (
-            WorkerGroup(loader.num_workers, self._base_seed, loader.dataset, loader.worker_init_fn)
+            WorkerGroup(
+                loader.num_workers,
+                self._base_seed,
+                loader.dataset,
+                loader.worker_init_fn,
+                loader.per_worker_dataset,
+            )
             if loader.num_workers > 0
             else None
         )
@@ -358,7 +364,11 @@ class EpochIterator:
         group = self._group
         if group is not None and group.num_workers != threads:  # "auto" chose more
             group = self._group = WorkerGroup(
-                threads, group.base_seed, group.dataset, self._loader.worker_init_fn
+                threads,
+                group.base_seed,
+                group.dataset,
+                self._loader.worker_init_fn,
+                group.copy_dataset,
             )
         if self._loader._persistent_executor(threads) is not None and group is not None:
             return self._loader._persistent_group(group)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._worker import hidden_worker_info
+
 __all__ = ["Fetched", "fetch_batch"]
 
 _WHO = "torch_spdl.DataLoader"
@@ -75,7 +77,8 @@ def fetch_batch(
         good = [pos for pos in range(len(values)) if pos not in failed]
         return Fetched(samples=list(zip(good, samples, strict=True)), errors=errors)
     try:
-        return Fetched(batch=collate_fn(samples if auto_collation else samples[0]))
+        with hidden_worker_info():
+            return Fetched(batch=collate_fn(samples if auto_collation else samples[0]))
     except Exception as exc:
         exc.add_note(f"{_WHO}: stage 'collate' failed on the batch of indices {indices!r}")
         return Fetched(samples=[], errors=[(-1, indices, exc)])

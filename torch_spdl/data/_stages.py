@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._worker import WorkerGroup, single_threaded_ops
+from ._worker import WorkerGroup, hidden_worker_info, single_threaded_ops
 
 __all__ = [
     "BatchError",
@@ -232,7 +232,8 @@ class Collate:
             return item
         single_threaded_ops()
         try:
-            batch = self.collate_fn(samples if self.auto or not self.tagged else samples[0])
+            with hidden_worker_info():
+                batch = self.collate_fn(samples if self.auto or not self.tagged else samples[0])
         except Exception as exc:
             where = f" on batch {b}" if b is not None else ""
             exc.add_note(f"torch_spdl.DataLoader: stage 'collate' failed{where}")

@@ -9,10 +9,14 @@ its first sample, all without touching the global RNG.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import itertools
+import logging
 import random
 import threading
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +26,9 @@ __all__ = [
     "WorkerInfo",
     "get_worker_info",
     "WorkerGroup",
-    "init_process_worker",
     "set_process_worker_info",
+    "hidden_worker_info",
+    "install_torch_worker_info",
     "single_threaded_ops",
 ]
 
@@ -46,6 +51,7 @@ def single_threaded_ops() -> None:
 
 
 _LOCAL = threading.local()
+_LG = logging.getLogger("torch_spdl.data")
 
 
 @dataclass
@@ -76,10 +82,6 @@ def _make_info(wid: int, num_workers: int, seed: int, dataset: Any) -> WorkerInf
     )
 
 
-# The dataset of a worker process, sent once by its initializer rather than with each sample.
-PROCESS_DATASET: Any = None
-
-
 def set_process_worker_info(wid: int, num_workers: int, base_seed: int, dataset: Any) -> None:
     """Make this process worker ``wid`` as torch's worker loop does: one intra-op thread,
     ``random`` and torch seeded with ``base_seed + wid``, NumPy with the state torch derives
@@ -102,30 +104,6 @@ def set_process_worker_info(wid: int, num_workers: int, base_seed: int, dataset:
     )
 
 
-def init_process_worker(
-    dataset: Any,
-    counter: Any,
-    num_workers: int,
-    base_seed: int,
-    init_fn: Callable[[int], None] | None,
-) -> None:
-    """Initializer of a per-sample process pool's worker (a stage declared with
-    ``executor="process"``): the same set-up as a loader's worker process."""
-    global PROCESS_DATASET
-    PROCESS_DATASET = dataset
-    with counter.get_lock():
-        wid = counter.value
-        counter.value += 1
-    set_process_worker_info(wid, num_workers, base_seed, dataset)
-    if init_fn is not None:
-        init_fn(wid)
-
-
-def getitem_in_process(index: Any) -> Any:
-    """``dataset[index]`` on the worker process's copy of the dataset."""
-    return PROCESS_DATASET[index]
-
-
 def _reseeds_process(fn: Callable[[int], None] | None) -> bool:
     """Lightning's ``pl_worker_init_function`` (what ``seed_everything(workers=True)``
     attaches) reseeds the process-wide RNGs: right in a worker process, wrong in a thread
@@ -137,7 +115,15 @@ def _reseeds_process(fn: Callable[[int], None] | None) -> bool:
 
 
 class WorkerGroup:
-    """Hands out worker ids to the threads of one loader epoch (or of persistent workers)."""
+    """Hands out worker ids to the threads of one loader epoch (or of persistent workers).
+
+    Each worker thread gets its own shallow copy of the dataset (``copy_dataset``), as each
+    of torch's worker processes gets its own (copy-on-write) one: state that
+    ``worker_init_fn`` or ``__getitem__`` *assigns* on it (a file handle, a connection, a
+    generator) is the thread's own. What the copy shares with the original is what a
+    shallow copy shares: the objects its attributes refer to (lists, arrays, tensors),
+    which are read in place rather than copied, and which an in-place change (appending to
+    ``self.cache``, say) changes for every worker."""
 
     def __init__(
         self,
@@ -145,10 +131,12 @@ class WorkerGroup:
         base_seed: int,
         dataset: Any,
         init_fn: Callable[[int], None] | None,
+        copy_dataset: bool = True,
     ) -> None:
         self.num_workers = num_workers
         self.base_seed = base_seed
         self.dataset = dataset
+        self.copy_dataset = copy_dataset
         # Worker threads are seeded through their WorkerInfo generators instead.
         self.init_fn = None if _reseeds_process(init_fn) else init_fn
         self._ids = itertools.count()
@@ -156,13 +144,98 @@ class WorkerGroup:
 
     def enter(self) -> None:
         """Make sure the calling thread is a worker of this group (cheap after the first)."""
-        info = getattr(_LOCAL, "info", None)
-        if info is not None and getattr(_LOCAL, "group", None) is self:
+        if getattr(_LOCAL, "group", None) is self:
             return
+        from torch.utils.data._utils import worker as torch_worker
+
         with self._lock:
             wid = next(self._ids)
+        dataset = _copy(self.dataset) if self.copy_dataset else self.dataset
         _LOCAL.group = self
+        _LOCAL.dataset = dataset
+        _LOCAL.bound = {}
         seed = (self.base_seed + wid) % 2**63
-        _LOCAL.info = _make_info(wid, self.num_workers, seed, self.dataset)
+        _LOCAL.info = _make_info(wid, self.num_workers, seed, dataset)
+        _LOCAL.torch_info = torch_worker.WorkerInfo(
+            id=wid, num_workers=self.num_workers, seed=seed, dataset=dataset
+        )
         if self.init_fn is not None:
             self.init_fn(wid)
+
+    def local(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``fn``, bound to this thread's copy when it is a method of the dataset."""
+        bound = _LOCAL.bound
+        local = bound.get(fn)
+        if local is None:
+            local = bound[fn] = _rebind(fn, self.dataset, _LOCAL.dataset)
+        return local
+
+    def local_dataset(self) -> Any:
+        """The calling worker thread's dataset."""
+        return _LOCAL.dataset
+
+
+def _copy(dataset: Any) -> Any:
+    try:
+        return copy.copy(dataset)
+    except Exception as exc:  # an object that refuses copying is shared, and said so
+        _LG.warning(
+            "torch_spdl.DataLoader: worker threads share the dataset (copy.copy(%s) failed: %s)",
+            type(dataset).__qualname__,
+            exc,
+        )
+        return dataset
+
+
+def _rebind(fn: Callable[[Any], Any], original: Any, copy_: Any) -> Callable[[Any], Any]:
+    if copy_ is not original and getattr(fn, "__self__", None) is original:
+        return types.MethodType(fn.__func__, copy_)  # type: ignore[attr-defined]
+    return fn
+
+
+# -- torch's own get_worker_info(), per thread -------------------------------------------------
+_HIDDEN: Any = object()
+
+
+def _torch_view() -> Any:
+    """What torch's ``get_worker_info()`` should say in the calling thread: its torch
+    ``WorkerInfo`` in a loader thread, ``_HIDDEN`` while our collate runs (torch's
+    ``default_collate`` would then allocate every batch in shared memory, which only a
+    worker *process* needs), None elsewhere (torch's own answer then stands)."""
+    if getattr(_LOCAL, "collating", False):
+        return _HIDDEN
+    return getattr(_LOCAL, "torch_info", None)
+
+
+def _torch_get_worker_info() -> Any:  # its code replaces the body of torch's function
+    info = _torch_spdl_view()  # noqa: F821 - a global of torch's module, set below
+    if info is None:
+        return _worker_info  # noqa: F821 - torch's own global
+    return None if info is _torch_spdl_hidden else info  # noqa: F821
+
+
+def install_torch_worker_info() -> None:
+    """Make ``torch.utils.data.get_worker_info()`` answer per thread.
+
+    torch keeps the worker information in a module global, which suits processes. The
+    function object every caller reaches (``torch.utils.data.get_worker_info``, however it
+    was imported) keeps its identity; only its body is replaced by one that asks this
+    module for the calling thread's answer first. Outside loader threads torch's answer
+    (its global: ``None``, or the info in a worker process) is returned unchanged."""
+    from torch.utils.data._utils import worker as torch_worker
+
+    if getattr(torch_worker, "_torch_spdl_view", None) is not None:
+        return
+    torch_worker._torch_spdl_view = _torch_view  # type: ignore[attr-defined]
+    torch_worker._torch_spdl_hidden = _HIDDEN  # type: ignore[attr-defined]
+    torch_worker.get_worker_info.__code__ = _torch_get_worker_info.__code__
+
+
+@contextlib.contextmanager
+def hidden_worker_info() -> Iterator[None]:
+    """Around a collate on a loader thread or process: torch's collate sees no worker."""
+    _LOCAL.collating = True
+    try:
+        yield
+    finally:
+        _LOCAL.collating = False
