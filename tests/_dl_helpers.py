@@ -53,6 +53,19 @@ class IterData(IterableDataset):
             yield make_sample(i, self.kind)
 
 
+class ShardedByWorker(IterableDataset):
+    """Reads ``range(n)``, each worker its own share (``torch.utils.data.get_worker_info``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
 def list_collate(samples: list[Any]) -> Any:
     """A custom collate_fn: keeps the samples, tagged, so the batch structure is visible."""
     return {"n": len(samples), "samples": list(samples)}

@@ -148,11 +148,15 @@ NEEDS_WORKERS = {"prefetch_persistent"}  # torch rejects these knobs with num_wo
 
 
 def run_both(ds: Dataset, config, num_workers: int, **ours_kwargs: Any):
-    """(our batches, torch's batches, our len, torch's len) for one configuration."""
+    """(our batches, torch's batches, our len, torch's len) for one configuration: torch's
+    single-process loader for a map-style dataset (same batches, and fast); for an
+    iterable one, torch's worker processes (each worker reads its own copy)."""
     ref_kwargs = config(ds)
-    ref_kwargs.pop("prefetch_factor", None)
-    ref_kwargs.pop("persistent_workers", None)
-    ref = TorchDataLoader(ds, num_workers=0, **ref_kwargs)
+    workers = num_workers if isinstance(ds, IterableDataset) else 0
+    if not workers:
+        ref_kwargs.pop("prefetch_factor", None)
+        ref_kwargs.pop("persistent_workers", None)
+    ref = TorchDataLoader(ds, num_workers=workers, **ref_kwargs)
     ours = DataLoader(ds, num_workers=num_workers, **config(ds), **ours_kwargs)
     return list(ours), list(ref), len(ours), len(ref)
 
@@ -176,7 +180,7 @@ def test_iterable_matches_torch(config: str, kind: str, num_workers: int) -> Non
     ds = IterData(N, kind)
     ours, ref, n_ours, n_ref = run_both(ds, ITER_CONFIGS[config], num_workers)
     assert_same_batches(ours, ref)
-    assert n_ours == n_ref == len(ref)
+    assert n_ours == n_ref  # len(dataset) batches, as torch says (each worker reads it all)
 
 
 def test_iterable_without_len_matches_torch() -> None:
@@ -185,7 +189,7 @@ def test_iterable_without_len_matches_torch() -> None:
             return iter(range(10))
 
     ours = DataLoader(NoLen(), batch_size=3, num_workers=2)
-    ref = TorchDataLoader(NoLen(), batch_size=3)
+    ref = TorchDataLoader(NoLen(), batch_size=3, num_workers=2)
     assert_same_batches(list(ours), list(ref))
     with pytest.raises(TypeError):
         len(ref)
@@ -194,19 +198,15 @@ def test_iterable_without_len_matches_torch() -> None:
 
 
 def test_iterable_sharding_by_worker_info_reads_everything_once() -> None:
-    """An IterableDataset that shards itself by worker info (the usual recipe) must not be
-    split or duplicated: torch with ``num_workers=0`` reads it once, whole."""
+    """An IterableDataset that shards itself by torch's worker info (the usual recipe)
+    reads every sample once, in torch's order, whatever the number of workers."""
+    from _dl_helpers import ShardedByWorker
 
-    class Sharded(IterableDataset):
-        def __iter__(self):
-            info = get_worker_info() or torch.utils.data.get_worker_info()
-            if info is None:
-                return iter(range(12))
-            return iter(range(info.id, 12, info.num_workers))
-
-    ref = list(TorchDataLoader(Sharded(), batch_size=4))
-    for workers in (0, 3):
-        assert_same_batches(list(DataLoader(Sharded(), batch_size=4, num_workers=workers)), ref)
+    for workers in (0, 1, 3):
+        ref = list(TorchDataLoader(ShardedByWorker(12), batch_size=4, num_workers=workers))
+        ours = list(DataLoader(ShardedByWorker(12), batch_size=4, num_workers=workers))
+        assert_same_batches(ours, ref)
+        assert sorted(i for b in ours for i in b.tolist()) == list(range(12))
 
 
 @pytest.mark.parametrize("num_workers", [0, 4])

@@ -22,6 +22,7 @@ from ._batch_stages import (
     receive_from_workers,
 )
 from ._collate import is_default_collate
+from ._iterable_workers import IterableWorkers
 from ._process_workers import ProcessWorkers
 from ._sampling import index_batches
 from ._staged import Stage, StagedDataset
@@ -133,6 +134,7 @@ class EpochIterator:
         self._tokens: Tokens | None = None
         self._gate: SwitchGate | None = None
         self._probe: Probe | None = None
+        self._iterable: IterableWorkers | None = None
         self._workers: ProcessWorkers | None = None  # this epoch's own (not persistent)
         if self._map_style:
             first = next(indices, _END)  # the sampler's own draws happen now, in this thread
@@ -152,12 +154,24 @@ class EpochIterator:
 
     # -- building --------------------------------------------------------------------------
     def _iterable_source(self) -> Iterator[Any]:
+        """Samples (no workers: batched in the pipeline, as torch batches them in one
+        process) or the workers' own batches, round-robin (see ``_iterable_workers``)."""
         loader = self._loader
-        samples = iter(loader.dataset)
-        if self._watermark:  # an IterableDataset can only be skipped by reading it again
-            per_batch = loader.batch_size if loader._auto_collation else 1
-            samples = itertools.islice(samples, self._watermark * per_batch, None)
-        return samples
+        if self._group is None:
+            samples = iter(loader.dataset)
+            if self._watermark:  # an IterableDataset can only be skipped by reading it again
+                per_batch = loader.batch_size if loader._auto_collation else 1
+                samples = itertools.islice(samples, self._watermark * per_batch, None)
+            return samples
+        self._iterable = IterableWorkers(
+            loader.dataset,
+            self._thread_group(loader.num_workers),
+            loader.batch_size if loader._auto_collation else None,
+            loader.drop_last,
+            loader.prefetch_factor or 2,
+            loader.in_order,
+        )
+        return itertools.islice(self._iterable.batches(), self._watermark, None)
 
     def _batches(self, first: int) -> Iterator[tuple[int, list[Any]]]:
         loader = self._loader
@@ -185,7 +199,7 @@ class EpochIterator:
         loader = self._loader
         cc = loader.collate_concurrency
         builder = PipelineBuilder().add_source(source)
-        if loader._auto_collation:
+        if loader._auto_collation and self._group is None:  # workers make their batches
             builder.aggregate(loader.batch_size, drop_last=loader.drop_last)
         builder.pipe(
             self._collate(),
@@ -518,6 +532,8 @@ class EpochIterator:
         if self._workers is not None:
             self._workers.shutdown()
             self._workers = None
+        if self._iterable is not None:
+            self._iterable.close()
         self._pipeline.stop()
         probe = self._probe
         if probe is not None and not probe.done and loader.worker_choice is None:

@@ -142,14 +142,16 @@ class WorkerGroup:
         self._ids = itertools.count()
         self._lock = threading.Lock()
 
-    def enter(self) -> None:
-        """Make sure the calling thread is a worker of this group (cheap after the first)."""
+    def enter(self, wid: int | None = None) -> None:
+        """Make sure the calling thread is a worker of this group (cheap after the first),
+        with the next free id, or ``wid``."""
         if getattr(_LOCAL, "group", None) is self:
             return
         from torch.utils.data._utils import worker as torch_worker
 
-        with self._lock:
-            wid = next(self._ids)
+        if wid is None:
+            with self._lock:
+                wid = next(self._ids)
         dataset = _copy(self.dataset) if self.copy_dataset else self.dataset
         _LOCAL.group = self
         _LOCAL.dataset = dataset
