@@ -89,10 +89,12 @@ def stage_op(
     def run(slot: Slot) -> Slot:
         if slot.error is None and slot.size:  # size 0: the stand-in of an empty batch
             single_threaded_ops()
+            call = fn
             if group is not None:
                 group.enter()
+                call = group.local(fn)  # bound to the thread's copy of the dataset
             try:
-                slot.value = fn(slot.value)
+                slot.value = call(slot.value)
             except Exception as exc:
                 slot.error = _note(exc, name, slot)
         return slot
