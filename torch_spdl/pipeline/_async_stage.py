@@ -91,7 +91,7 @@ class AsyncStage(OpStage):
                 self._released = True
                 self._wake_parked()
             if self.leave():
-                self.outbox.close(self.upstream_error())
+                self.outbox.close(self.end_error())
 
     async def _run_fast(self, counters: Any, aget: Any, op: Any) -> None:
         aput, clock = self.outbox.aput, time.perf_counter

@@ -15,6 +15,7 @@ from ._aggregate import AggregateStage, DisaggregateStage
 from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
 from ._channel import Channel
+from ._failures import FailureBudget, MaxFailures, check_max_failures
 from ._node import Node
 from ._ops import OpKind, classify_op, op_name
 from ._pipeline import Pipeline
@@ -47,7 +48,7 @@ class PipeConfig:
     executor: Executor | None = None
     output_order: OutputOrder = "completion"
     name: str | None = None
-    max_failures: int | None = None
+    max_failures: MaxFailures | None = None
     queue_size: int | None = None
     max_concurrency: int | None = None
     initial_concurrency: int | None = None
@@ -151,7 +152,7 @@ class PipelineBuilder(Generic[T, U]):
         executor: Executor | None = None,
         name: str | None = None,
         output_order: OutputOrder = "completion",
-        max_failures: int | None = None,
+        max_failures: MaxFailures | None = None,
         queue_size: int | None = None,
         max_concurrency: int | None = None,
         initial_concurrency: int | None = None,
@@ -166,8 +167,10 @@ class PipelineBuilder(Generic[T, U]):
         ``ProcessPoolExecutor`` for processes) with at most ``concurrency`` items in flight.
         Async ops run on the pipeline's event loop as ``concurrency`` coroutines.
         ``output_order="input"`` keeps the input order; ``"completion"`` emits as finished.
-        ``max_failures`` overrides the value given to :meth:`build` for this stage, and
-        ``queue_size`` the capacity of this stage's input queue.
+        ``max_failures`` gives this stage a failure limit of its own, counted on its items
+        alone, instead of sharing the one given to :meth:`build`: an ``int`` count (-1: no
+        limit) or a ``fractions.Fraction`` rate in (0, 1] (see :meth:`build`).
+        ``queue_size`` sets the capacity of this stage's input queue.
         ``concurrency="auto"`` lets the pipeline choose and adapt it while running, from 1
         up to ``max_concurrency`` (default 64 threads, 256 coroutines), starting at
         ``initial_concurrency`` (default 1; say, what an earlier run settled on); see
@@ -197,6 +200,8 @@ class PipelineBuilder(Generic[T, U]):
             )
         if queue_size is not None and (not isinstance(queue_size, int) or queue_size < 1):
             raise ValueError(f"queue_size must be a positive int, got {queue_size!r}")
+        if max_failures is not None:
+            check_max_failures(max_failures, f"pipe({op_name(op)})")
         self._stages.append(
             PipeConfig(
                 op,
@@ -244,7 +249,7 @@ class PipelineBuilder(Generic[T, U]):
         self,
         *,
         num_threads: int | None = None,
-        max_failures: int = -1,
+        max_failures: MaxFailures = -1,
         report_stats_interval: float = -1,
         queue_size: int | None = None,
         cpu_budget: float | None = None,
@@ -254,8 +259,12 @@ class PipelineBuilder(Generic[T, U]):
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
         ``num_threads``, when given, caps each sync stage's worker threads (stages never
-        share threads). ``max_failures`` is how many failed items a stage may drop before
-        the pipeline fails (-1: no limit). ``report_stats_interval`` > 0 logs the stage
+        share threads). ``max_failures`` is how many failed items the pipeline may drop
+        before it fails, counted across every stage that does not set its own in
+        :meth:`pipe`: an ``int`` count (-1: no limit), or a ``fractions.Fraction`` rate in
+        (0, 1], failures / items taken by those stages, checked once they have taken at
+        least ``max(100, 1/rate)`` items (and when they end); a rate out of range is a
+        ``ValueError`` here. ``report_stats_interval`` > 0 logs the stage
         table every that many seconds. ``queue_size`` overrides the capacity of the queues
         between stages (default: 64 samples, or 2 per worker for batches).
         ``cpu_budget`` (fraction of this machine's cores, default 0.4) and ``memory_limit``
@@ -296,7 +305,7 @@ def build_pipeline(
     config: PipelineConfig,
     *,
     num_threads: int | None = None,
-    max_failures: int = -1,
+    max_failures: MaxFailures = -1,
     report_stats_interval: float = -1,
     queue_size: int | None = None,
     cpu_budget: float | None = None,
@@ -313,6 +322,11 @@ def build_pipeline(
         raise ValueError(f"num_threads must be positive, got {num_threads!r}")
     if queue_size is not None and queue_size < 1:
         raise ValueError(f"queue_size must be positive, got {queue_size!r}")
+    check_max_failures(max_failures, "build")
+    # The build-level limit is one budget shared by the stages without a limit of their
+    # own; it reads their item counts only when an item fails.
+    shared: list[Node] = []
+    shared_budget = FailureBudget(max_failures, lambda: sum(n.invocations() for n in shared))
     if autotune is None:
         autotune = AutotuneConfig(
             **({} if cpu_budget is None else {"cpu_budget": cpu_budget}),
@@ -344,16 +358,20 @@ def build_pipeline(
             nodes.append(DisaggregateStage(name, inbox, outbox))
         else:
             op, kind = classify_op(spec.op)
+            own_limit = spec.max_failures is not None
             common = dict(
                 workers=min(spec.initial_concurrency or 1, workers[i]) if spec.auto else workers[i],
                 ordered=spec.output_order == "input",
-                max_failures=max_failures if spec.max_failures is None else spec.max_failures,
+                max_failures=spec.max_failures if own_limit else -1,
                 max_workers=workers[i] if spec.auto else None,
+                budget=None if own_limit else shared_budget,
             )
             if kind.is_async:
                 node: Node = AsyncStage(name, op, kind, inbox, outbox, **common)
             else:
                 node = ThreadStage(name, op, kind, inbox, outbox, executor=spec.executor, **common)
+            if not own_limit:
+                shared.append(node)
             nodes.append(node)
     runtime = Runtime(
         nodes,

@@ -22,7 +22,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EOF, ChannelAborted
-from ._errors import PipelineFailure
 from ._node import OpStage
 from ._ops import OpKind, call_to_list
 
@@ -121,7 +120,7 @@ class ThreadStage(OpStage):
                 counters.num_out += 1
         except ChannelAborted:
             return
-        self.outbox.close(self.upstream_error())
+        self.outbox.close(self.end_error())
 
     # The hot path: a plain function, completion order, on our own thread.
     def _run_fast(self, counters: Any, get: Callable[[], Any], op: Callable[[Any], Any]) -> None:
@@ -244,13 +243,11 @@ class ThreadStage(OpStage):
             self._window.release()
 
     def _executor_broken(self, exc: BaseException) -> None:
-        failure = PipelineFailure(
-            f"stage {self.name!r}: its executor {self.executor!r} is broken "
-            f"(a worker process died?): {exc}",
-            stage=self.name,
+        exc.add_note(
+            f"torch_spdl: stage {self.name!r}: its executor {self.executor!r} is broken "
+            "(a worker process died?)"
         )
-        failure.__cause__ = exc
-        self.fail(failure)
+        self.fail(exc)
 
 
 def _append(outs: list[Any], out: Any) -> None:

@@ -1,0 +1,349 @@
+"""SPDL compatibility: code written for ``spdl.pipeline`` behaves the same here.
+
+Written from SPDL's documented behaviour (and the choices recorded in docs/spdl-compat.md
+where we differ on purpose), through the public API only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import threading
+from fractions import Fraction
+
+import pytest
+from _sync import WAIT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_spdl.pipeline import PipelineBuilder, PipelineFailure
+
+
+class Boom(Exception):
+    pass
+
+
+def _stage(pipeline, name):
+    return next(s for s in pipeline.get_stats() if s.name.endswith(name))
+
+
+def fail_when(pred):
+    def op(x):
+        if pred(x):
+            raise Boom(f"bad item {x}")
+        return x
+
+    return op
+
+
+# ---------------------------------------------------------------------------------------
+# 1. max_failures: a count or a Fraction rate; build-level across stages
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rate", [Fraction(0), Fraction(-1, 10), Fraction(11, 10)])
+def test_a_rate_out_of_range_is_a_value_error_at_build(rate):
+    builder = PipelineBuilder().add_source(range(3)).pipe(lambda x: x)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        builder.build(max_failures=rate)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        PipelineBuilder().add_source(range(3)).pipe(lambda x: x, max_failures=rate)
+
+
+def test_max_failures_of_another_type_is_a_type_error():
+    builder = PipelineBuilder().add_source(range(3)).pipe(lambda x: x)
+    with pytest.raises(TypeError, match="Fraction"):
+        builder.build(max_failures=0.1)
+
+
+def test_a_rate_under_the_limit_lets_the_run_complete():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(fail_when(lambda x: x % 20 == 0), name="five_percent")
+        .add_sink(0)
+        .build(max_failures=Fraction(1, 10))
+    )
+    assert list(pipeline) == [x for x in range(1000) if x % 20]
+    assert _stage(pipeline, "five_percent").num_failed == 50
+
+
+def test_a_fraction_is_a_rate_not_a_count():
+    # as a count, Fraction(1, 2) would allow no failure at all
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(300))
+        .pipe(fail_when(lambda x: x == 7))
+        .add_sink(0)
+        .build(max_failures=Fraction(1, 2))
+    )
+    assert len(list(pipeline)) == 299
+
+
+def test_a_rate_over_the_limit_fails_only_after_the_probation():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(itertools.count())  # infinite: only the rate can stop it
+        .pipe(fail_when(lambda x: x % 4 == 0), name="quarter")
+        .add_sink(2)
+        .build(max_failures=Fraction(1, 10))
+    )
+    with pytest.raises(PipelineFailure) as info:
+        for _ in pipeline:
+            pass
+    assert info.value.stage.endswith("quarter")
+    assert isinstance(info.value.__cause__, Boom)
+    assert _stage(pipeline, "quarter").num_in >= 100  # the probation: 100 items
+    assert any("max_failures=1/10" in note for note in info.value.__cause__.__notes__)
+
+
+def test_failures_during_the_probation_count_when_the_stage_ends():
+    # 30 failures in the first 30 items, then none: 30/200 > 1/10, found at the end
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(200))
+        .pipe(fail_when(lambda x: x < 30), name="early")
+        .add_sink(0)
+        .build(max_failures=Fraction(1, 10))
+    )
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in pipeline:
+            got.append(x)
+    assert got == list(range(30, 200))  # everything made is delivered first
+    assert "30 failures in 200 items" in str(info.value)
+
+
+def test_failures_during_the_probation_alone_do_not_trip_a_rate_met_overall():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(fail_when(lambda x: x < 10))
+        .add_sink(0)
+        .build(max_failures=Fraction(1, 50))  # 10/1000 = 1/100
+    )
+    assert list(pipeline) == list(range(10, 1000))
+
+
+def test_the_build_level_limit_counts_failures_across_stages():
+    def builder():
+        return (
+            PipelineBuilder()
+            .add_source(range(50))
+            .pipe(fail_when(lambda x: x in (3, 4)), name="a")
+            .pipe(fail_when(lambda x: x in (10, 11)), name="b")
+            .add_sink(0)
+        )
+
+    # 2 failures in each stage, 4 in all: over a build-level 3
+    with pytest.raises(PipelineFailure) as info:
+        list(builder().build(max_failures=3))
+    assert info.value.stage.endswith("b")
+    # the same limit given to each stage is met
+    per_stage = (
+        PipelineBuilder()
+        .add_source(range(50))
+        .pipe(fail_when(lambda x: x in (3, 4)), name="a", max_failures=3)
+        .pipe(fail_when(lambda x: x in (10, 11)), name="b", max_failures=3)
+        .add_sink(0)
+        .build(max_failures=0)
+    )
+    assert len(list(per_stage)) == 46
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    fails=st.lists(st.booleans(), min_size=1, max_size=300),
+    num=st.integers(1, 10),
+    den=st.integers(1, 10),
+)
+def test_a_rate_trips_exactly_when_the_final_rate_exceeds_it(fails, num, den):
+    # one worker, finite source: every failure is checked after the probation or at the end,
+    # so a run fails exactly when the rate at some check point exceeds the limit
+    rate = Fraction(min(num, den), den)
+    bad = {i for i, f in enumerate(fails) if f}
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(len(fails)))
+        .pipe(fail_when(lambda x: x in bad))
+        .add_sink(0)
+        .build(max_failures=rate)
+    )
+    probation = max(100, -(-rate.denominator // rate.numerator))
+    seen = 0
+    trips = False
+    for i in range(len(fails)):
+        if i in bad:
+            seen += 1
+            if i + 1 >= probation and Fraction(seen, i + 1) > rate:
+                trips = True
+                break
+    if not trips and len(fails) >= probation and Fraction(len(bad), len(fails)) > rate:
+        trips = True
+    if trips:
+        with pytest.raises(PipelineFailure):
+            list(pipeline)
+    else:
+        assert list(pipeline) == [x for x in range(len(fails)) if x not in bad]
+
+
+# ---------------------------------------------------------------------------------------
+# 2. when a failure reaches the consumer
+# ---------------------------------------------------------------------------------------
+def _fails_at(k):
+    """source -> fail on item k (no failure allowed) -> identity; one worker each."""
+    return (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(fail_when(lambda x: x == k), name="check")
+        .pipe(lambda x: x, name="after")
+        .add_sink(0)
+        .build(max_failures=0)
+    )
+
+
+def test_a_plain_loop_gets_every_item_made_then_the_failure():
+    pipeline = _fails_at(7)
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in pipeline:
+            got.append(x)
+    assert got == list(range(7))
+    assert info.value.stage.endswith("check")
+
+
+def test_inside_auto_stop_the_loop_ends_and_leaving_raises():
+    pipeline = _fails_at(7)
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        with pipeline.auto_stop():
+            for x in pipeline:
+                got.append(x)
+            assert got == list(range(7))  # the loop ended quietly
+            with pytest.raises(EOFError):
+                pipeline.get_item(timeout=WAIT)
+    assert isinstance(info.value.__cause__, Boom)
+    for _ in range(2):  # again on every later call
+        with pytest.raises(PipelineFailure):
+            pipeline.stop()
+
+
+def test_explicit_start_and_stop_follow_spdl():
+    pipeline = _fails_at(3)
+    pipeline.start()
+    got = [pipeline.get_item(timeout=WAIT) for _ in range(3)]
+    assert got == [0, 1, 2]
+    with pytest.raises(EOFError):
+        pipeline.get_item(timeout=WAIT)
+    with pytest.raises(PipelineFailure):
+        pipeline.stop()
+
+
+def test_an_error_in_the_auto_stop_block_is_not_masked():
+    pipeline = _fails_at(3)
+    with pytest.raises(KeyError):
+        with pipeline.auto_stop():
+            list(pipeline)
+            raise KeyError("mine")
+    with pytest.raises(PipelineFailure):  # still readable
+        pipeline.stop()
+
+
+def test_stop_before_start_is_a_no_op():
+    pipeline = _fails_at(3)
+    pipeline.stop()
+    pipeline.stop()
+
+
+def test_a_successful_pipeline_stops_quietly():
+    pipeline = PipelineBuilder().add_source(range(5)).pipe(lambda x: x).build()
+    with pipeline.auto_stop(timeout=WAIT):
+        assert list(pipeline) == list(range(5))
+    pipeline.stop(timeout=WAIT)
+
+
+# ---------------------------------------------------------------------------------------
+# 4. PipelineFailure's shape, source failures
+# ---------------------------------------------------------------------------------------
+def test_pipeline_failure_is_an_exception_group_of_the_stage_errors():
+    pipeline = _fails_at(2)
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    failure = info.value
+    assert isinstance(failure, ExceptionGroup)
+    assert isinstance(failure, RuntimeError)  # what torch_spdl code caught before
+    assert failure.message == "pipeline stages failed"
+    (error,) = failure.exceptions
+    assert isinstance(error, Boom) and failure.__cause__ is error
+    assert any("'1:check'" in n and "item 2" in n for n in error.__notes__)
+    assert "1:check" in str(failure) and "bad item 2" in str(failure)
+    sub = failure.subgroup(Boom)
+    assert isinstance(sub, PipelineFailure) and sub.stage == "1:check"
+    assert failure.subgroup(KeyError) is None
+
+
+def test_except_star_catches_the_stage_error():
+    caught = []
+    try:
+        list(_fails_at(2))
+    except* Boom as group:
+        caught.extend(group.exceptions)
+    assert len(caught) == 1
+
+
+def _broken_source():
+    yield from range(4)
+    raise Boom("the source broke")
+
+
+@pytest.mark.parametrize("stage", ["sync", "none"])
+def test_a_failing_source_is_part_of_the_failure_after_its_items(stage):
+    builder = PipelineBuilder().add_source(_broken_source())
+    if stage == "sync":
+        builder.pipe(lambda x: x * 10)
+    pipeline = builder.add_sink(0).build()
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in pipeline:
+            got.append(x)
+    factor = 10 if stage == "sync" else 1
+    assert got == [factor * i for i in range(4)]
+    assert info.value.stages == ("source",)
+    assert any("source" in n for n in info.value.exceptions[0].__notes__)
+
+
+def test_errors_of_several_stages_are_all_in_the_group():
+    b_failed = threading.Event()
+
+    def a(x):
+        if x == 3:
+            b_failed.wait(WAIT)
+            raise Boom("a")
+        return x
+
+    def b(x):
+        if x == 1:
+            b_failed.set()
+            raise Boom("b")
+        return x
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .pipe(a, name="a", max_failures=0)
+        .pipe(b, name="b", max_failures=0)
+        .add_sink(0)
+        .build()
+    )
+    with pytest.raises(PipelineFailure) as info:
+        with pipeline.auto_stop():
+            assert list(pipeline) == [0]
+    assert sorted(info.value.stages) == ["1:a", "2:b"]
+    assert {str(e) for e in info.value.exceptions} == {"a", "b"}
+
+
+def test_pipeline_failure_pickles():
+    with pytest.raises(PipelineFailure) as info:
+        list(_fails_at(2))
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert isinstance(copy, PipelineFailure)
+    assert (copy.stage, copy.num_failures, copy.message) == ("1:check", 1, info.value.message)
+    assert str(copy.exceptions[0]) == "bad item 2"
