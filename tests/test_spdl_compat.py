@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 import pickle
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from fractions import Fraction
 
 import pytest
@@ -16,7 +18,14 @@ from _sync import WAIT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_spdl.pipeline import PipelineBuilder, PipelineFailure
+from torch_spdl.pipeline import (
+    PipelineBuilder,
+    PipelineFailure,
+    StageInfo,
+    TaskHook,
+    TaskPerfStats,
+    TaskStatsHook,
+)
 
 
 class Boom(Exception):
@@ -347,3 +356,206 @@ def test_pipeline_failure_pickles():
     assert isinstance(copy, PipelineFailure)
     assert (copy.stage, copy.num_failures, copy.message) == ("1:check", 1, info.value.message)
     assert str(copy.exceptions[0]) == "bad item 2"
+
+
+# ---------------------------------------------------------------------------------------
+# 3. task hooks
+# ---------------------------------------------------------------------------------------
+class Recorder(TaskHook):
+    """Records the stage's enter/exit and every task's input and outcome."""
+
+    def __init__(self, info, fail_on=None):
+        self.info = info
+        self.events = []
+        self.fail_on = fail_on
+
+    @asynccontextmanager
+    async def stage_hook(self):
+        self.events.append("enter")
+        yield
+        self.events.append("exit")
+
+    @asynccontextmanager
+    async def task_hook(self, input_item=None):
+        if input_item == self.fail_on:
+            raise Boom(f"hook refused {input_item}")
+        try:
+            yield
+        except StopAsyncIteration:
+            raise
+        except Exception:
+            self.events.append(("failed", input_item))
+            raise
+        self.events.append(("ok", input_item))
+
+
+def _recording(**kwargs):
+    hooks = {}
+
+    def factory(info):
+        assert isinstance(info, StageInfo)
+        hooks[info.name] = Recorder(info, **kwargs)
+        return [hooks[info.name]]
+
+    return hooks, factory
+
+
+async def _adouble(x):
+    return 2 * x
+
+
+def _gen2(x):
+    yield x
+    yield -x
+
+
+async def _agen2(x):
+    yield x
+    yield -x
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "executor", "ordered"])
+def test_task_hooks_wrap_every_item_and_stage_hooks_the_stage(kind):
+    hooks, factory = _recording()
+    builder = PipelineBuilder().add_source(range(6))
+    if kind == "sync":
+        builder.pipe(lambda x: 2 * x, name="op", concurrency=2)
+    elif kind == "async":
+        builder.pipe(_adouble, name="op", concurrency=2)
+    elif kind == "executor":
+        pool = ThreadPoolExecutor(max_workers=2)
+        builder.pipe(lambda x: 2 * x, name="op", concurrency=2, executor=pool)
+    else:
+        builder.pipe(lambda x: 2 * x, name="op", concurrency=2, output_order="input")
+    pipeline = builder.add_sink(0).build(task_hook_factory=factory)
+    try:
+        assert sorted(pipeline) == [2 * x for x in range(6)]
+    finally:
+        if kind == "executor":
+            pool.shutdown()
+    (events,) = [h.events for h in hooks.values()]
+    assert events[0] == "enter" and events[-1] == "exit"
+    assert sorted(e[1] for e in events[1:-1]) == list(range(6))
+    assert {e[0] for e in events[1:-1]} == {"ok"}
+
+
+@pytest.mark.parametrize("op", [_gen2, _agen2])
+def test_a_generator_op_is_one_task_per_step(op):
+    stats = {}
+
+    def factory(info):
+        stats[info.name] = TaskStatsHook(info)
+        return [stats[info.name]]
+
+    pipeline = PipelineBuilder().add_source(range(3)).pipe(op).add_sink(0)
+    assert sorted(pipeline.build(task_hook_factory=factory)) == [-2, -1, 0, 0, 1, 2]
+    (hook,) = stats.values()
+    assert (hook.num_tasks, hook.num_success) == (6, 6)  # the end of a generator is no task
+
+
+def test_aggregate_is_one_task_per_item_and_every_stage_gets_hooks():
+    stats = {}
+
+    def factory(info):
+        stats[info.name] = TaskStatsHook(info)
+        return [stats[info.name]]
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(5))
+        .pipe(lambda x: x, name="id")
+        .aggregate(2)
+        .disaggregate()
+        .add_sink(0)
+        .build(task_hook_factory=factory, stage_id=7)
+    )
+    assert sorted(pipeline) == list(range(5))
+    assert list(stats) == ["1:id", "2:aggregate(2)", "3:disaggregate"]
+    assert [stats[n].num_tasks for n in stats] == [5, 5, 5]
+    assert stats["1:id"].info.stage_id == 7 and stats["1:id"].info.index == 1
+
+
+def test_task_stats_hook_counts_failures():
+    stats = []
+
+    def factory(info):
+        stats.append(TaskStatsHook(info))
+        return stats[-1:]
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .pipe(fail_when(lambda x: x % 5 == 0))
+        .add_sink(0)
+        .build(task_hook_factory=factory)
+    )
+    assert len(list(pipeline)) == 8
+    perf = stats[0].stats()
+    assert isinstance(perf, TaskPerfStats)
+    assert (perf.num_tasks, perf.num_failures) == (10, 2)
+    assert perf.ave_time >= 0
+
+
+def test_a_task_hook_error_drops_the_item_only():
+    hooks, factory = _recording(fail_on=3)
+    pipeline = (
+        PipelineBuilder().add_source(range(6)).pipe(lambda x: x, name="op").add_sink(0)
+    ).build(task_hook_factory=factory)
+    assert list(pipeline) == [0, 1, 2, 4, 5]
+    assert _stage(pipeline, "op").num_failed == 1
+
+
+class _BadStageHook(TaskHook):
+    @asynccontextmanager
+    async def stage_hook(self):
+        raise Boom("stage hook broke")
+        yield
+
+    @asynccontextmanager
+    async def task_hook(self, input_item=None):
+        yield
+
+
+def test_a_stage_hook_error_fails_the_pipeline():
+    pipeline = (
+        PipelineBuilder().add_source(range(6)).pipe(lambda x: x, name="op").add_sink(0)
+    ).build(task_hook_factory=lambda info: [_BadStageHook()])
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert info.value.stage == "1:op"
+    assert info.group_contains(Boom, match="stage hook broke")
+
+
+class _NotAsync(TaskHook):
+    def task_hook(self, input_item=None):  # a plain method, not an async context manager
+        return None
+
+
+def test_a_hook_that_is_not_an_async_context_manager_is_rejected_at_build():
+    builder = PipelineBuilder().add_source(range(3)).pipe(lambda x: x, name="op")
+    with pytest.raises(ValueError, match="'1:op'.*asynccontextmanager"):
+        builder.build(task_hook_factory=lambda info: [_NotAsync()])
+
+
+@pytest.mark.parametrize("op", [fail_when(lambda x: x == 5), "async"])
+def test_an_input_order_stage_that_fails_delivers_in_order_and_ends(op):
+    if op == "async":
+
+        async def op(x):
+            if x == 5:
+                raise Boom("bad item 5")
+            return x
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(100))
+        .pipe(op, concurrency=3, output_order="input", max_failures=0, name="ordered")
+        .add_sink(0)
+        .build()
+    )
+    got = []
+    with pytest.raises(PipelineFailure):
+        for x in pipeline:
+            got.append(x)
+    expected = [x for x in range(100) if x != 5]
+    assert got[:5] == [0, 1, 2, 3, 4] and got == expected[: len(got)]

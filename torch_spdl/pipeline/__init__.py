@@ -13,6 +13,7 @@ from ._builder import (
     build_pipeline,
 )
 from ._errors import PipelineFailure
+from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._pipeline import Pipeline
 from ._plot import plot_trace
 from ._profile import ProfileReport, StageProfile, profile_pipeline
@@ -34,9 +35,13 @@ __all__ = [
     "PipelineTrace",
     "ProfileReport",
     "StageProfile",
+    "StageInfo",
     "StageSample",
     "StageStats",
     "SubprocessError",
+    "TaskHook",
+    "TaskPerfStats",
+    "TaskStatsHook",
     "TraceSample",
     "TraceSpan",
     "build_pipeline",

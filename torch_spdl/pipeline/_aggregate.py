@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ._channel import Channel
+from ._hooks import TaskHook
 from ._ops import OpKind
 from ._thread_stage import ThreadStage
 
@@ -16,10 +17,20 @@ class AggregateStage(ThreadStage):
     """Collects ``size`` items into a list; the partial last list goes out at the end
     unless ``drop_last``."""
 
+    one_task_per_item = True  # with hooks: adding an item is one task, batch or not
+
     def __init__(
-        self, name: str, size: int, drop_last: bool, inbox: Channel[Any], outbox: Channel[Any]
+        self,
+        name: str,
+        size: int,
+        drop_last: bool,
+        inbox: Channel[Any],
+        outbox: Channel[Any],
+        hooks: Sequence[TaskHook] = (),
     ) -> None:
-        super().__init__(name, self._add, OpKind.GEN, inbox, outbox, workers=1, ordered=False)
+        super().__init__(
+            name, self._add, OpKind.GEN, inbox, outbox, workers=1, ordered=False, hooks=hooks
+        )
         self.size = size
         self.drop_last = drop_last
         self._batch: list[Any] = []
@@ -42,5 +53,13 @@ def _split(items: Iterable[Any]) -> Iterator[Any]:
 class DisaggregateStage(ThreadStage):
     """Emits each element of every incoming iterable as its own item."""
 
-    def __init__(self, name: str, inbox: Channel[Any], outbox: Channel[Any]) -> None:
-        super().__init__(name, _split, OpKind.GEN, inbox, outbox, workers=1, ordered=False)
+    def __init__(
+        self,
+        name: str,
+        inbox: Channel[Any],
+        outbox: Channel[Any],
+        hooks: Sequence[TaskHook] = (),
+    ) -> None:
+        super().__init__(
+            name, _split, OpKind.GEN, inbox, outbox, workers=1, ordered=False, hooks=hooks
+        )

@@ -16,6 +16,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EOF, ChannelAborted
+from ._hooks import hooked_async
 from ._node import OpStage
 from ._ops import OpKind
 
@@ -37,6 +38,7 @@ class AsyncStage(OpStage):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def launch(self, runtime: Runtime) -> None:
+        self.enter_stage_hooks()
         count = self.most_workers
         self._active = count
         for i in range(count):
@@ -57,6 +59,14 @@ class AsyncStage(OpStage):
             if not fut.done():
                 fut.set_result(None)
 
+    def unblock_workers(self) -> None:
+        # Called on the loop's thread (every failure of an async stage is raised there).
+        self._released = True
+        self._wake_parked()
+        if self._window is not None:
+            for _ in range(self.most_workers):
+                self._window.release()
+
     async def _gate(self, index: int) -> None:
         """Park coroutine ``index`` of an autotuned stage while it is above the limit."""
         while index >= self._limit and not self._released:
@@ -75,6 +85,8 @@ class AsyncStage(OpStage):
         counters = self.new_counters()
         aget = partial(self._gated_get, index) if self.auto else self.inbox.aget
         op = self.op
+        if self.hooks:
+            op = hooked_async(op, self.hooks, generator=self.kind is OpKind.ASYNC_GEN)
         if self.tracer is not None:
             op = self.tracer.wrap_async(self, index, op, generator=self.kind is OpKind.ASYNC_GEN)
         try:
@@ -91,6 +103,7 @@ class AsyncStage(OpStage):
                 self._released = True
                 self._wake_parked()
             if self.leave():
+                await self.aexit_stage_hooks()
                 self.outbox.close(self.end_error())
 
     async def _run_fast(self, counters: Any, aget: Any, op: Any) -> None:

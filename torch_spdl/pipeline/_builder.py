@@ -16,6 +16,7 @@ from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
 from ._channel import Channel
 from ._failures import FailureBudget, MaxFailures, check_max_failures
+from ._hooks import StageInfo, TaskHook, check_hooks
 from ._node import Node
 from ._ops import OpKind, classify_op, op_name
 from ._pipeline import Pipeline
@@ -255,6 +256,8 @@ class PipelineBuilder(Generic[T, U]):
         cpu_budget: float | None = None,
         memory_limit: int | None = None,
         trace: bool = False,
+        task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
+        stage_id: int = 0,
     ) -> Pipeline[U]:
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
@@ -271,9 +274,13 @@ class PipelineBuilder(Generic[T, U]):
         (resident bytes, default none) bound what stages with ``concurrency="auto"`` may grow
         to. ``trace=True`` records every item's time in every stage and the queue depths:
         read them with :meth:`Pipeline.trace`.
+        ``task_hook_factory`` makes each stage's :class:`TaskHook` list from its
+        :class:`StageInfo` (default: no hooks, and no cost); ``stage_id`` is passed to it.
         """
         return build_pipeline(
             self.get_config(),
+            task_hook_factory=task_hook_factory,
+            stage_id=stage_id,
             num_threads=num_threads,
             max_failures=max_failures,
             report_stats_interval=report_stats_interval,
@@ -312,11 +319,17 @@ def build_pipeline(
     memory_limit: int | None = None,
     trace: bool = False,
     autotune: AutotuneConfig | None = None,
+    task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
+    stage_id: int = 0,
 ) -> Pipeline[Any]:
     """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`.
 
-    ``autotune`` replaces the whole autotuner configuration (``cpu_budget`` and
-    ``memory_limit`` are its two usual knobs).
+    The keywords are those of :meth:`PipelineBuilder.build`; ``autotune`` replaces the
+    whole autotuner configuration (``cpu_budget`` and ``memory_limit`` are its two usual
+    knobs).
+
+    Args:
+        config: the declaration (``PipelineBuilder.get_config()``).
     """
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be positive, got {num_threads!r}")
@@ -352,10 +365,13 @@ def build_pipeline(
     for i, spec in enumerate(config.stages):
         name = f"{i + 1}:{spec.label()}"
         inbox, outbox = channels[i], channels[i + 1]
+        hooks: list[TaskHook] = []
+        if task_hook_factory is not None:
+            hooks = check_hooks(task_hook_factory(StageInfo(name, i + 1, stage_id)), name)
         if isinstance(spec, AggregateConfig):
-            nodes.append(AggregateStage(name, spec.size, spec.drop_last, inbox, outbox))
+            nodes.append(AggregateStage(name, spec.size, spec.drop_last, inbox, outbox, hooks))
         elif isinstance(spec, DisaggregateConfig):
-            nodes.append(DisaggregateStage(name, inbox, outbox))
+            nodes.append(DisaggregateStage(name, inbox, outbox, hooks))
         else:
             op, kind = classify_op(spec.op)
             own_limit = spec.max_failures is not None
@@ -365,6 +381,7 @@ def build_pipeline(
                 max_failures=spec.max_failures if own_limit else -1,
                 max_workers=workers[i] if spec.auto else None,
                 budget=None if own_limit else shared_budget,
+                hooks=hooks,
             )
             if kind.is_async:
                 node: Node = AsyncStage(name, op, kind, inbox, outbox, **common)

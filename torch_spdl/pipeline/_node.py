@@ -11,10 +11,12 @@ already made downstream still reaches the consumer ahead of the error.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._channel import Channel
@@ -24,6 +26,7 @@ from ._ops import OpKind
 from ._stats import Counters, StageStats
 
 if TYPE_CHECKING:
+    from ._hooks import TaskHook
     from ._runtime import Runtime
     from ._trace import Tracer
 
@@ -172,6 +175,12 @@ class Node:
             self._failure = error
         assert self._runtime is not None
         self._runtime.fail(error, node=self, num_failures=num_failures)
+        self.unblock_workers()
+
+    def unblock_workers(self) -> None:
+        """Wake workers that wait on something other than a channel (an input-order window,
+        an autotuner's parking), so that they reach the aborted input and leave; a worker
+        that failed may never emit its place in the order."""
 
     def crash(self, exc: BaseException) -> None:
         """A worker hit an error outside the user's op: never leave the consumer hanging."""
@@ -227,10 +236,13 @@ class OpStage(Node):
         max_failures: int = -1,
         max_workers: int | None = None,
         budget: FailureBudget | None = None,
+        hooks: Sequence[TaskHook] = (),
     ) -> None:
         super().__init__(
             name, inbox, outbox, workers=workers, max_failures=max_failures, budget=budget
         )
+        self.hooks = list(hooks)
+        self._stage_stack: contextlib.AsyncExitStack | None = None
         self.op = op
         self.kind = kind
         self.max_workers = max_workers
@@ -261,3 +273,53 @@ class OpStage(Node):
     def _resize(self, n: int) -> None:
         """Apply a new worker limit; the subclasses wake or start workers."""
         self._limit = n
+
+    # -- stage hooks (only for stages built with hooks) ------------------------------------
+    def enter_stage_hooks(self) -> None:
+        """Enter every hook's ``stage_hook()`` (from ``launch``, on a private loop).
+
+        An error fails the pipeline: the stage's input is aborted, so its workers leave at
+        once and close its output with the error.
+        """
+        if not self.hooks:
+            return
+        stack = contextlib.AsyncExitStack()
+
+        async def enter() -> None:
+            for hook in self.hooks:
+                await stack.enter_async_context(hook.stage_hook())
+
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(enter())
+            self._stage_stack = stack
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(stack.aclose())
+            self._hook_failed(exc)
+        finally:
+            loop.close()
+
+    def exit_stage_hooks(self) -> None:
+        """Leave the stage hooks from a worker thread (the last one, as the stage ends)."""
+        if self._stage_stack is None:
+            return
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self.aexit_stage_hooks())
+        finally:
+            loop.close()
+
+    async def aexit_stage_hooks(self) -> None:
+        """Leave the stage hooks from a coroutine (the last one, as the stage ends)."""
+        stack, self._stage_stack = self._stage_stack, None
+        if stack is None:
+            return
+        try:
+            await stack.aclose()
+        except Exception as exc:
+            self._hook_failed(exc)
+
+    def _hook_failed(self, exc: Exception) -> None:
+        exc.add_note(f"torch_spdl: raised by a stage_hook() of stage {self.name!r}")
+        self.fail(exc)
