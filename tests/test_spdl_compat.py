@@ -559,3 +559,70 @@ def test_an_input_order_stage_that_fails_delivers_in_order_and_ends(op):
             got.append(x)
     expected = [x for x in range(100) if x != 5]
     assert got[:5] == [0, 1, 2, 3, 4] and got == expected[: len(got)]
+
+
+# ---------------------------------------------------------------------------------------
+# 8. torch_spdl.pipeline.defs
+# ---------------------------------------------------------------------------------------
+def _triple(x):
+    return 3 * x
+
+
+def test_a_pipeline_declared_with_defs_builds_like_the_builder():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import (
+        Aggregate,
+        Disaggregate,
+        Pipe,
+        PipelineConfig,
+        SinkConfig,
+        SourceConfig,
+    )
+
+    config = PipelineConfig(
+        src=SourceConfig(range(10)),
+        pipes=[
+            Pipe(_triple, concurrency=2, output_order="input", name="triple"),
+            Aggregate(4),
+            Pipe(sum),
+            Aggregate(2, drop_last=True),
+            Disaggregate(),
+        ],
+        sink=SinkConfig(5),
+    )
+    pipeline = build_pipeline(config, num_threads=2, max_failures=Fraction(1, 2))
+    assert list(pipeline) == [18, 66]
+    assert [s.name for s in pipeline.get_stats()][1] == "1:triple"
+    assert pickle.loads(pickle.dumps(config)) == config
+
+
+def test_defs_check_what_they_declare():
+    from torch_spdl.pipeline.defs import Aggregate, Pipe, PipelineConfig, SinkConfig, SourceConfig
+
+    with pytest.raises(ValueError, match="concurrency"):
+        Pipe(_triple, concurrency=0)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        Pipe(_triple, max_failures=Fraction(2))
+    with pytest.raises(ValueError, match="positive int"):
+        Aggregate(0)
+    with pytest.raises(TypeError, match="iterable"):
+        SourceConfig(3)
+    with pytest.raises(ValueError, match="buffer_size"):
+        SinkConfig(-1)
+    with pytest.raises(TypeError, match="Pipe, Aggregate or Disaggregate"):
+        PipelineConfig(SourceConfig([]), [_triple])
+
+
+def test_execution_regions_say_they_are_not_available():
+    from torch_spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig
+
+    with pytest.raises(NotImplementedError, match="not available yet"):
+        ProcessPoolExecutorConfig(num_workers=2)
+    with pytest.raises(NotImplementedError, match="executor=ProcessPoolExecutor"):
+        MAIN_PROCESS()
+
+
+def test_a_builder_pickles_and_builds_the_same_after():
+    builder = PipelineBuilder().add_source(range(5)).pipe(_triple).aggregate(2).add_sink(4)
+    copy = pickle.loads(pickle.dumps(builder))
+    assert list(copy.build()) == list(builder.build()) == [[0, 3], [6, 9], [12]]

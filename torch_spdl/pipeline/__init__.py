@@ -3,6 +3,7 @@
 Mirrors ``spdl.pipeline``: code written for it keeps working after changing the import.
 """
 
+from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
 from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
 from ._builder import (
     AggregateConfig,

@@ -329,8 +329,12 @@ def build_pipeline(
     knobs).
 
     Args:
-        config: the declaration (``PipelineBuilder.get_config()``).
+        config: the declaration: ``PipelineBuilder.get_config()``, or SPDL's
+            :class:`torch_spdl.pipeline.defs.PipelineConfig`.
     """
+    to_builder_config = getattr(config, "_to_builder_config", None)  # defs.PipelineConfig
+    if to_builder_config is not None:
+        config = to_builder_config()
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be positive, got {num_threads!r}")
     if queue_size is not None and queue_size < 1:
