@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import random
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -626,3 +627,72 @@ def test_a_builder_pickles_and_builds_the_same_after():
     builder = PipelineBuilder().add_source(range(5)).pipe(_triple).aggregate(2).add_sink(4)
     copy = pickle.loads(pickle.dumps(builder))
     assert list(copy.build()) == list(builder.build()) == [[0, 3], [6, 9], [12]]
+
+
+# ---------------------------------------------------------------------------------------
+# 8. torch_spdl.source
+# ---------------------------------------------------------------------------------------
+class _Shuffled:
+    def __init__(self, n):
+        self.items = list(range(n))
+        self.seeds = []
+
+    def shuffle(self, seed):
+        self.seeds.append(seed)
+        random.Random(seed).shuffle(self.items)
+
+    def __iter__(self):
+        return iter(list(self.items))
+
+    def __len__(self):
+        return len(self.items)
+
+
+def test_source_protocols_fit_any_object_with_the_methods():
+    from torch_spdl.source import DistributedRandomSampler, IterableWithShuffle, SizedIterable
+
+    assert isinstance(_Shuffled(3), IterableWithShuffle)
+    assert isinstance(_Shuffled(3), SizedIterable)
+    assert isinstance([1, 2], SizedIterable) and not isinstance([1, 2], IterableWithShuffle)
+    assert isinstance(DistributedRandomSampler(8, rank=0, world_size=1), SizedIterable)
+
+
+def test_repeat_source_reshuffles_every_epoch_from_its_number():
+    from torch_spdl.source.utils import repeat_source
+
+    src = _Shuffled(4)
+    got = list(itertools.islice(repeat_source(src, epoch=5), 12))
+    assert src.seeds == [5, 6, 7]
+    assert all(sorted(got[i : i + 4]) == [0, 1, 2, 3] for i in (0, 4, 8))
+    assert list(itertools.islice(repeat_source([1, 2]), 5)) == [1, 2, 1, 2, 1]
+
+
+def test_merge_iterator_takes_turns_and_stops_as_asked():
+    from torch_spdl.source.utils import MergeIterator
+
+    its = [[0, 1, 2], [10, 11], [20, 21, 22]]
+    assert list(MergeIterator(its)) == [0, 10, 20, 1, 11, 21, 2, 22]
+    assert list(MergeIterator(its, stop_after=-1)) == [0, 10, 20, 1, 11, 21, 2]
+    assert list(MergeIterator(its, stop_after=5)) == [0, 10, 20, 1, 11]
+    with pytest.raises(ValueError):
+        MergeIterator([])
+    with pytest.raises(ValueError, match="weights"):
+        MergeIterator(its, weights=[1, 0, 1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 20), min_size=1, max_size=4),
+    seed=st.integers(0, 100),
+    data=st.data(),
+)
+def test_weighted_merge_yields_every_item_once_in_each_sources_order(sizes, seed, data):
+    from torch_spdl.source.utils import MergeIterator
+
+    weights = data.draw(st.lists(st.floats(0.1, 10), min_size=len(sizes), max_size=len(sizes)))
+    its = [[(k, i) for i in range(n)] for k, n in enumerate(sizes)]
+    got = list(MergeIterator(its, weights=weights, seed=seed))
+    assert sorted(got) == sorted(x for it in its for x in it)
+    for k in range(len(sizes)):
+        assert [x for x in got if x[0] == k] == its[k]
+    assert got == list(MergeIterator(its, weights=weights, seed=seed))  # reproducible
