@@ -696,3 +696,36 @@ def test_weighted_merge_yields_every_item_once_in_each_sources_order(sizes, seed
     for k in range(len(sizes)):
         assert [x for x in got if x[0] == k] == its[k]
     assert got == list(MergeIterator(its, weights=weights, seed=seed))  # reproducible
+
+
+# ---------------------------------------------------------------------------------------
+# 7. an async op that cannot be called fails the stage
+# ---------------------------------------------------------------------------------------
+async def _two_args(x, y):
+    return x + y
+
+
+async def _two_args_gen(x, y):
+    yield x + y
+
+
+@pytest.mark.parametrize("op", [_two_args, _two_args_gen])
+@pytest.mark.parametrize("order", ["completion", "input"])
+@pytest.mark.parametrize("hooked", [False, True])
+def test_an_async_op_that_raises_on_being_called_fails_the_stage(op, order, hooked):
+    if op is _two_args_gen and order == "input":
+        order = "completion"  # an async generator streams its outputs
+    factory = (lambda info: [TaskStatsHook(info)]) if hooked else None
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .pipe(op, name="wrong", concurrency=2, output_order=order)
+        .add_sink(0)
+        .build(task_hook_factory=factory)  # no max_failures: it is not an item's failure
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert info.value.stage == "1:wrong"
+    error = info.value.__cause__
+    assert isinstance(error, TypeError)
+    assert any("exactly one argument" in note for note in error.__notes__)

@@ -16,6 +16,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EOF, ChannelAborted
+from ._errors import describe_item
 from ._hooks import hooked_async
 from ._node import OpStage
 from ._ops import OpKind
@@ -58,6 +59,15 @@ class AsyncStage(OpStage):
         for fut in parked:
             if not fut.done():
                 fut.set_result(None)
+
+    def _call_failed(self, item: Any, exc: Exception) -> None:
+        """Calling an async op raised before it could run (a wrong signature, say): every
+        item would fail the same way, so the stage fails, as in SPDL."""
+        exc.add_note(
+            f"torch_spdl: calling the op of stage {self.name!r} on item {describe_item(item)} "
+            "raised before it ran (does it take exactly one argument?)"
+        )
+        self.fail(exc)
 
     def unblock_workers(self) -> None:
         # Called on the loop's thread (every failure of an async stage is raised there).
@@ -115,7 +125,12 @@ class AsyncStage(OpStage):
             counters.num_in += 1
             t0 = clock()
             try:
-                out = await op(item)
+                coro = op(item)
+            except Exception as exc:  # the op cannot even be called: fail the stage
+                self._call_failed(item, exc)
+                return
+            try:
+                out = await coro
             except Exception as exc:
                 counters.op_time += clock() - t0
                 self.record_failure(item, exc)
@@ -144,8 +159,13 @@ class AsyncStage(OpStage):
             t0 = clock()
             outs: list[Any] = []
             try:
+                call = op(item)
+            except Exception as exc:  # the op cannot even be called: fail the stage
+                self._call_failed(item, exc)
+                return
+            try:
                 if is_gen:
-                    async for out in op(item):
+                    async for out in call:
                         if out is None:
                             continue
                         if ordered:
@@ -154,7 +174,7 @@ class AsyncStage(OpStage):
                             await aput(out)
                             counters.num_out += 1
                 else:
-                    out = await op(item)
+                    out = await call
                     if out is not None:
                         outs.append(out)
             except ChannelAborted:

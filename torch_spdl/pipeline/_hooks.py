@@ -162,17 +162,20 @@ async def _task(hooks: Sequence[TaskHook], item: Any) -> AsyncIterator[None]:
 
 def hooked_async(op: Callable[[Any], Any], hooks: Sequence[TaskHook], generator: bool) -> Any:
     """``op`` (async function or async generator function) with the task hooks around each
-    task: each call, or each ``anext()`` of a generator."""
+    task: each call, or each ``anext()`` of a generator. The op itself is called at once,
+    so an op that cannot be called raises there, as the unhooked op does."""
     if not generator:
 
-        async def call(item: Any) -> Any:
-            async with _task(hooks, item):
-                return await op(item)
+        async def run(coro: Any, item: Any) -> Any:
+            try:
+                async with _task(hooks, item):
+                    return await coro
+            finally:
+                coro.close()  # never awaited when a hook failed on entry
 
-        return call
+        return lambda item: run(op(item), item)
 
-    async def agen(item: Any) -> AsyncIterator[Any]:
-        it = op(item)
+    async def steps(it: Any, item: Any) -> AsyncIterator[Any]:
         while True:
             ended = False
             try:
@@ -188,7 +191,7 @@ def hooked_async(op: Callable[[Any], Any], hooks: Sequence[TaskHook], generator:
                 return
             yield out
 
-    return agen
+    return lambda item: steps(op(item), item)
 
 
 def hooked_sync(
