@@ -729,3 +729,19 @@ def test_an_async_op_that_raises_on_being_called_fails_the_stage(op, order, hook
     error = info.value.__cause__
     assert isinstance(error, TypeError)
     assert any("exactly one argument" in note for note in error.__notes__)
+
+
+def test_get_item_after_stop_returns_what_is_buffered_then_eof():
+    made = threading.Event()
+
+    def source():
+        yield from range(5)
+        made.set()  # runs once the last item is in the sink
+
+    pipeline = PipelineBuilder().add_source(source()).add_sink(10).build()
+    pipeline.start()
+    assert made.wait(WAIT)
+    pipeline.stop()
+    assert [pipeline.get_item(timeout=WAIT) for _ in range(5)] == list(range(5))
+    with pytest.raises(EOFError):
+        pipeline.get_item(timeout=WAIT)

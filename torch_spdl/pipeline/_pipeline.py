@@ -128,7 +128,9 @@ class Pipeline(Generic[T]):
     def get_item(self, *, timeout: float | None = None) -> T:
         """Return the next result; ``EOFError`` at the end, ``TimeoutError`` after ``timeout``.
 
-        Starts the pipeline if needed; it then runs until :meth:`stop`. Once a failed
+        Starts the pipeline if needed; it then runs until :meth:`stop`. After :meth:`stop`
+        it returns what the sink still held, then raises ``EOFError`` (iteration, in
+        contrast, ends at :meth:`stop`). Once a failed
         pipeline has delivered what it made, raises ``EOFError`` (chained to the failure);
         :meth:`stop` raises the failure itself.
 
@@ -137,6 +139,8 @@ class Pipeline(Generic[T]):
         """
         if self._runtime.state == "new":
             self.start()
+        elif self._runtime.state == "stopped" and self._sink.kept:
+            return self._sink.kept.popleft()  # what was buffered when stop() came
         try:
             item = self._sink.get(timeout)
         except ChannelAborted as aborted:

@@ -190,8 +190,11 @@ class Runtime:
                 return
             was_running = self._state == "running"
             self._state = "stopped"
-        for channel in self.channels:
+        for channel in self.channels[:-1]:
             channel.abort(STOPPED)
+        # What the sink holds stays readable: get_item() after stop() returns it (SPDL's
+        # behaviour), then raises EOFError.
+        self.channels[-1].abort(STOPPED, keep_items=True)
         if not was_running:
             return
         with self._starting:
