@@ -745,3 +745,71 @@ def test_get_item_after_stop_returns_what_is_buffered_then_eof():
     assert [pipeline.get_item(timeout=WAIT) for _ in range(5)] == list(range(5))
     with pytest.raises(EOFError):
         pipeline.get_item(timeout=WAIT)
+
+
+# ---------------------------------------------------------------------------------------
+# 7. aggregate(Aggregator)
+# ---------------------------------------------------------------------------------------
+def _joiner():
+    from torch_spdl.pipeline.defs import Aggregator
+
+    class Joiner(Aggregator):
+        """Joins strings until they reach 5 characters."""
+
+        def __init__(self):
+            self.parts = []
+
+        def accumulate(self, item):
+            if item == "bad":
+                raise Boom("cannot take 'bad'")
+            self.parts.append(item)
+            if sum(map(len, self.parts)) >= 5:
+                out, self.parts = "".join(self.parts), []
+                return out
+            return None
+
+        def flush(self):
+            out, self.parts = "".join(self.parts), []
+            return out or None
+
+    return Joiner()
+
+
+WORDS = ["ab", "cde", "f", "ghij", "k", "bad", "l"]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_custom_aggregator_decides_the_groups(drop_last):
+    builder = PipelineBuilder().add_source(WORDS).aggregate(_joiner(), drop_last=drop_last)
+    builder.add_sink(0)
+    expected = ["abcde", "fghij"] + ([] if drop_last else ["kl"])
+    for _ in range(2):  # each build works on its own copy of the aggregator
+        pipeline = builder.build()
+        assert list(pipeline) == expected
+        assert _stage(pipeline, "aggregate(Joiner)").num_failed == 1  # 'bad' is dropped
+
+
+def test_collate_and_aggregate_of_an_int_are_the_same():
+    from torch_spdl.pipeline.defs import Aggregate, Collate, PipelineConfig, SourceConfig
+
+    config = PipelineConfig(SourceConfig(range(7)), [Aggregate(Collate(3))])
+    from torch_spdl.pipeline import build_pipeline
+
+    expected = [[0, 1, 2], [3, 4, 5], [6]]
+    assert list(build_pipeline(config)) == expected
+    assert list(PipelineBuilder().add_source(range(7)).aggregate(3).build()) == expected
+
+
+def test_an_aggregator_whose_flush_raises_fails_the_pipeline_after_its_groups():
+    from torch_spdl.pipeline.defs import Collate
+
+    class BadFlush(Collate):
+        def flush(self):
+            raise Boom("flush broke")
+
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in PipelineBuilder().add_source(range(5)).aggregate(BadFlush(2)).build():
+            got.append(x)
+    assert got == [[0, 1], [2, 3]]
+    assert info.group_contains(Boom, match="flush broke")

@@ -6,12 +6,13 @@ times (each build is a fresh pipeline), pickled to a subprocess, or profiled sta
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterable, Callable, Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from ._aggregate import AggregateStage, DisaggregateStage
+from ._aggregate import AggregateStage, Aggregator, Collate, DisaggregateStage
 from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
 from ._channel import Channel
@@ -77,13 +78,23 @@ class PipeConfig:
 
 @dataclass(frozen=True)
 class AggregateConfig:
-    """``aggregate(size, drop_last=...)`` as declared."""
+    """``aggregate(size, drop_last=...)`` as declared; ``aggregator`` is set (and ``size``
+    is 0) for a custom :class:`~torch_spdl.pipeline.defs.Aggregator`."""
 
     size: int
     drop_last: bool = False
+    aggregator: Aggregator | None = None
 
     def label(self) -> str:
+        if self.aggregator is not None:
+            return f"aggregate({type(self.aggregator).__name__})"
         return f"aggregate({self.size})"
+
+    def make_aggregator(self) -> Aggregator:
+        """A fresh aggregator for one build (a custom one is copied, state and all)."""
+        if self.aggregator is not None:
+            return copy.deepcopy(self.aggregator)
+        return Collate(self.size)
 
 
 @dataclass(frozen=True)
@@ -218,11 +229,19 @@ class PipelineBuilder(Generic[T, U]):
         )
         return self
 
-    def aggregate(self, num_items: int, /, *, drop_last: bool = False) -> PipelineBuilder[T, U]:
-        """Group every ``num_items`` items into a list (the last one may be shorter)."""
-        if not isinstance(num_items, int) or num_items < 1:
-            raise ValueError(f"aggregate needs a positive int, got {num_items!r}")
-        self._stages.append(AggregateConfig(num_items, drop_last))
+    def aggregate(
+        self, num_items: int | Aggregator, /, *, drop_last: bool = False
+    ) -> PipelineBuilder[T, U]:
+        """Group every ``num_items`` items into a list (the last one may be shorter).
+
+        Args:
+            num_items: the size of each list, or an
+                :class:`~torch_spdl.pipeline.defs.Aggregator` that decides the groups
+                (each build uses a copy of it).
+            drop_last: drop the shorter last list (for an aggregator: do not call its
+                ``flush()``).
+        """
+        self._stages.append(aggregate_config(num_items, drop_last))
         return self
 
     def disaggregate(self) -> PipelineBuilder[T, U]:
@@ -293,6 +312,15 @@ class PipelineBuilder(Generic[T, U]):
     def __repr__(self) -> str:
         stages = " -> ".join(s.label() for s in self._stages)
         return f"PipelineBuilder(source -> {stages or '(no stage)'} -> sink)"
+
+
+def aggregate_config(num_items: int | Aggregator, drop_last: bool) -> AggregateConfig:
+    """Check and record an ``aggregate`` stage."""
+    if isinstance(num_items, Aggregator):
+        return AggregateConfig(0, drop_last, num_items)
+    if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
+        raise ValueError(f"aggregate needs a positive int or an Aggregator, got {num_items!r}")
+    return AggregateConfig(num_items, drop_last)
 
 
 def queue_capacity(workers: int, batched: bool) -> int:
@@ -373,7 +401,8 @@ def build_pipeline(
         if task_hook_factory is not None:
             hooks = check_hooks(task_hook_factory(StageInfo(name, i + 1, stage_id)), name)
         if isinstance(spec, AggregateConfig):
-            nodes.append(AggregateStage(name, spec.size, spec.drop_last, inbox, outbox, hooks))
+            aggregator = spec.make_aggregator()
+            nodes.append(AggregateStage(name, aggregator, spec.drop_last, inbox, outbox, hooks))
         elif isinstance(spec, DisaggregateConfig):
             nodes.append(DisaggregateStage(name, inbox, outbox, hooks))
         else:

@@ -131,8 +131,14 @@ class ThreadStage(OpStage):
     def _finish(self) -> None:
         self.exit_stage_hooks()
         try:
+            outs = list(self.flush())
+        except Exception as exc:  # a custom aggregator's flush(): fail, never hang
+            exc.add_note(f"torch_spdl: raised by flush() at the end of stage {self.name!r}")
+            self.fail(exc)
+            outs = []
+        try:
             counters = self.new_counters()
-            for item in self.flush():  # a partial batch goes out even before a source error
+            for item in outs:  # a partial batch goes out even before a source error
                 self.outbox.put(item)
                 counters.num_out += 1
         except ChannelAborted:

@@ -18,7 +18,14 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._builder import AggregateConfig, DisaggregateConfig, PipeConfig, PipelineBuilder
+from ._aggregate import Aggregator, Collate
+from ._builder import (
+    AggregateConfig,
+    DisaggregateConfig,
+    PipeConfig,
+    PipelineBuilder,
+    aggregate_config,
+)
 from ._builder import PipelineConfig as _BuilderConfig
 from ._failures import MaxFailures
 
@@ -26,6 +33,8 @@ __all__ = [
     "MAIN_PROCESS",
     "Aggregate",
     "AggregateConfig",
+    "Aggregator",
+    "Collate",
     "Disaggregate",
     "DisaggregateConfig",
     "Pipe",
@@ -132,16 +141,16 @@ def Pipe(  # noqa: N802 (SPDL's name)
     return stage
 
 
-def Aggregate(num_items: int, /, *, drop_last: bool = False) -> AggregateConfig:  # noqa: N802
-    """Group every ``num_items`` items into a list (see ``PipelineBuilder.aggregate``).
+def Aggregate(  # noqa: N802
+    input: int | Aggregator, /, *, drop_last: bool = False
+) -> AggregateConfig:
+    """Group the items (see ``PipelineBuilder.aggregate``).
 
     Args:
-        num_items: the size of each list.
-        drop_last: drop the shorter last list.
+        input: the size of each list, or an :class:`Aggregator` that decides the groups.
+        drop_last: drop the shorter last list (for an aggregator: skip ``flush()``).
     """
-    if not isinstance(num_items, int) or num_items < 1:
-        raise ValueError(f"aggregate needs a positive int, got {num_items!r}")
-    return AggregateConfig(num_items, drop_last)
+    return aggregate_config(input, drop_last)
 
 
 def Disaggregate() -> DisaggregateConfig:  # noqa: N802
