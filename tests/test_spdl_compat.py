@@ -813,3 +813,40 @@ def test_an_aggregator_whose_flush_raises_fails_the_pipeline_after_its_groups():
             got.append(x)
     assert got == [[0, 1], [2, 3]]
     assert info.group_contains(Boom, match="flush broke")
+
+
+# ---------------------------------------------------------------------------------------
+# 5. run_pipeline_in_subprocess takes a PipelineConfig
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pool", [None, "thread", "process"])
+def test_run_pipeline_in_subprocess_takes_a_config_with_its_pools(pool):
+    from concurrent.futures import ProcessPoolExecutor
+
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+    from torch_spdl.pipeline.defs import Aggregate, Pipe, PipelineConfig, SourceConfig
+
+    executor = {
+        None: None,
+        "thread": ThreadPoolExecutor(max_workers=2),
+        "process": ProcessPoolExecutor(max_workers=1),
+    }[pool]
+    try:
+        config = PipelineConfig(
+            SourceConfig(range(6)),
+            [Pipe(_triple, executor=executor, concurrency=2, output_order="input"), Aggregate(4)],
+        )
+        result = run_pipeline_in_subprocess(config, num_threads=2)
+        assert list(result) == [[0, 3, 6, 9], [12, 15]]
+        assert list(result) == [[0, 3, 6, 9], [12, 15]]  # iterated again: a fresh run
+    finally:
+        if executor is not None:
+            executor.shutdown()
+
+
+def test_run_pipeline_in_subprocess_still_takes_a_builder_with_a_warning():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    builder = PipelineBuilder().add_source(range(4)).pipe(_triple)
+    with pytest.warns(DeprecationWarning, match="get_config"):
+        result = run_pipeline_in_subprocess(builder)
+    assert list(result) == [0, 3, 6, 9]
