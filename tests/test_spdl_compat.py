@@ -850,3 +850,35 @@ def test_run_pipeline_in_subprocess_still_takes_a_builder_with_a_warning():
     with pytest.warns(DeprecationWarning, match="get_config"):
         result = run_pipeline_in_subprocess(builder)
     assert list(result) == [0, 3, 6, 9]
+
+
+# ---------------------------------------------------------------------------------------
+# 8. small names
+# ---------------------------------------------------------------------------------------
+def test_create_task_logs_a_failure_nobody_awaits(caplog):
+    import asyncio
+
+    from torch_spdl.pipeline import create_task
+
+    async def broken():
+        raise Boom("lost otherwise")
+
+    async def main():
+        task = create_task(broken(), name="bg")
+        await asyncio.wait([task])
+        return task
+
+    task = asyncio.run(main())
+    assert isinstance(task.exception(), Boom)
+    assert any("'bg' failed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("name", ["iterate_in_subinterpreter", "run_pipeline_in_subinterpreter"])
+def test_subinterpreter_entry_points_say_what_they_need(name):
+    import sys
+
+    import torch_spdl.pipeline as tp
+
+    expected = RuntimeError if sys.version_info < (3, 14) else NotImplementedError
+    with pytest.raises(expected, match="subprocess"):
+        getattr(tp, name)(lambda: iter(()))

@@ -13,6 +13,7 @@ from ._builder import (
     PipelineConfig,
     build_pipeline,
 )
+from ._compat import create_task, iterate_in_subinterpreter, run_pipeline_in_subinterpreter
 from ._errors import PipelineFailure
 from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._pipeline import Pipeline
@@ -46,9 +47,12 @@ __all__ = [
     "TraceSample",
     "TraceSpan",
     "build_pipeline",
+    "create_task",
     "export_chrome_trace",
+    "iterate_in_subinterpreter",
     "iterate_in_subprocess",
     "plot_trace",
     "profile_pipeline",
+    "run_pipeline_in_subinterpreter",
     "run_pipeline_in_subprocess",
 ]
