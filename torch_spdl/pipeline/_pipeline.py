@@ -65,7 +65,7 @@ class Pipeline(Generic[T]):
         Args:
             timeout: the most seconds to wait for the threads to join (default 30).
         """
-        self._runtime.shutdown(timeout)
+        self._runtime.shutdown(timeout, keep_sink=self._explicit)
         if self._explicit and (failure := self._runtime.failure) is not None:
             raise failure
 

@@ -180,10 +180,12 @@ class Runtime:
                 )
             return self._failure
 
-    def shutdown(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None, *, keep_sink: bool = False) -> None:
         """Stop every worker and join every thread (idempotent, safe from any thread).
 
-        ``timeout`` bounds the wait for the threads (default: the runtime's join timeout).
+        ``timeout`` bounds the wait for the threads (default: the runtime's join timeout);
+        ``keep_sink`` sets aside what the sink holds (for ``get_item()`` after ``stop()``)
+        instead of dropping it.
         """
         with self._lock:
             if self._state == "stopped":
@@ -192,9 +194,9 @@ class Runtime:
             self._state = "stopped"
         for channel in self.channels[:-1]:
             channel.abort(STOPPED)
-        # What the sink holds stays readable: get_item() after stop() returns it (SPDL's
-        # behaviour), then raises EOFError.
-        self.channels[-1].abort(STOPPED, keep_items=True)
+        # get_item() after an explicit stop() returns what the sink held (SPDL's behaviour);
+        # otherwise nobody will read it, and it may hold large batches: drop it.
+        self.channels[-1].abort(STOPPED, keep_items=keep_sink)
         if not was_running:
             return
         with self._starting:
