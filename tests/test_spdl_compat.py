@@ -882,3 +882,48 @@ def test_subinterpreter_entry_points_say_what_they_need(name):
     expected = RuntimeError if sys.version_info < (3, 14) else NotImplementedError
     with pytest.raises(expected, match="subprocess"):
         getattr(tp, name)(lambda: iter(()))
+
+
+# ---------------------------------------------------------------------------------------
+# 8. background tasks
+# ---------------------------------------------------------------------------------------
+def test_a_background_task_lives_from_start_to_stop():
+    import asyncio
+
+    from torch_spdl.pipeline import BackgroundTask
+
+    started, cancelled = threading.Event(), threading.Event()
+
+    class Monitor(BackgroundTask):
+        async def run(self):
+            started.set()
+            try:
+                await asyncio.get_running_loop().create_future()  # forever
+            finally:
+                cancelled.set()
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(5))
+        .pipe(lambda x: x)  # sync only: the loop exists for the background task alone
+        .add_sink(0)
+        .build(background_tasks=[Monitor])
+    )
+    with pipeline.auto_stop():
+        assert started.wait(WAIT)
+        assert list(pipeline) == list(range(5))
+        assert not cancelled.is_set()
+    assert cancelled.is_set()
+
+
+def test_a_failing_background_task_is_logged_and_the_pipeline_goes_on(caplog):
+    from torch_spdl.pipeline import BackgroundTask
+
+    class Broken(BackgroundTask):
+        async def run(self):
+            raise Boom("monitor broke")
+
+    pipeline = PipelineBuilder().add_source(range(5)).pipe(_adouble).add_sink(0)
+    with pipeline.build(background_tasks=[Broken]).auto_stop() as running:
+        assert list(running) == [0, 2, 4, 6, 8]
+    assert any("monitor broke" in r.getMessage() for r in caplog.records)

@@ -5,6 +5,7 @@ Mirrors ``spdl.pipeline``: code written for it keeps working after changing the 
 
 from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
 from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
+from ._background import BackgroundTask, BackgroundTaskFactory
 from ._builder import (
     AggregateConfig,
     DisaggregateConfig,
@@ -28,6 +29,8 @@ __all__ = [
     "AutotuneConfig",
     "AutotuneController",
     "AutotuneSample",
+    "BackgroundTask",
+    "BackgroundTaskFactory",
     "DisaggregateConfig",
     "PipeConfig",
     "Pipeline",

@@ -7,7 +7,7 @@ times (each build is a fresh pipeline), pickled to a subprocess, or profiled sta
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterable, Callable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
@@ -15,6 +15,7 @@ from typing import Any, Generic, Literal, TypeVar
 from ._aggregate import AggregateStage, Aggregator, Collate, DisaggregateStage
 from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
+from ._background import BackgroundTaskFactory
 from ._channel import Channel
 from ._failures import FailureBudget, MaxFailures, check_max_failures
 from ._hooks import StageInfo, TaskHook, check_hooks
@@ -277,6 +278,7 @@ class PipelineBuilder(Generic[T, U]):
         trace: bool = False,
         task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
         stage_id: int = 0,
+        background_tasks: Sequence[BackgroundTaskFactory] = (),
     ) -> Pipeline[U]:
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
@@ -295,9 +297,12 @@ class PipelineBuilder(Generic[T, U]):
         read them with :meth:`Pipeline.trace`.
         ``task_hook_factory`` makes each stage's :class:`TaskHook` list from its
         :class:`StageInfo` (default: no hooks, and no cost); ``stage_id`` is passed to it.
+        ``background_tasks`` are factories of :class:`BackgroundTask`: each runs on the
+        pipeline's event loop from start to stop; a failure is logged, not raised.
         """
         return build_pipeline(
             self.get_config(),
+            background_tasks=background_tasks,
             task_hook_factory=task_hook_factory,
             stage_id=stage_id,
             num_threads=num_threads,
@@ -349,6 +354,7 @@ def build_pipeline(
     autotune: AutotuneConfig | None = None,
     task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
     stage_id: int = 0,
+    background_tasks: Sequence[BackgroundTaskFactory] = (),
 ) -> Pipeline[Any]:
     """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`.
 
@@ -429,6 +435,7 @@ def build_pipeline(
         report_stats_interval=report_stats_interval,
         autotune=autotune,
         trace=trace,
+        background_tasks=background_tasks,
     )
     return Pipeline(runtime, channels[-1], description=_describe(config))
 

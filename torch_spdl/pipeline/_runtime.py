@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from ._autotune import AutotuneConfig, Autotuner
+from ._background import BackgroundTaskFactory, run_background
 from ._channel import Channel
 from ._errors import PipelineFailure
 from ._node import Node, OpStage
@@ -46,8 +47,10 @@ class Runtime:
         join_timeout: float = 30.0,
         autotune: AutotuneConfig | None = None,
         trace: bool = False,
+        background_tasks: Sequence[BackgroundTaskFactory] = (),
     ) -> None:
         self.nodes = list(nodes)
+        self._background = list(background_tasks)
         self.channels = list(channels)
         self._threads: list[threading.Thread] = []
         self._task_factories: list[Callable[[], Coroutine[Any, Any, None]]] = []
@@ -99,7 +102,7 @@ class Runtime:
             for node in self.nodes:
                 node.bind(self)
                 node.launch(self)
-            if self._task_factories:
+            if self._task_factories or self._background:
                 self._loop = asyncio.new_event_loop()
                 self._threads.append(
                     threading.Thread(target=self._run_loop, name="torch_spdl-loop", daemon=True)
@@ -125,7 +128,19 @@ class Runtime:
             self._main_task = asyncio.current_task()
             if self._state != "running":
                 return
-            await asyncio.gather(*(factory() for factory in self._task_factories))
+            background = [
+                asyncio.create_task(run_background(f), name=f"torch_spdl-background-{i}")
+                for i, f in enumerate(self._background)
+            ]
+            try:
+                await asyncio.gather(*(factory() for factory in self._task_factories))
+                if background:  # they live until stop() cancels this task
+                    await asyncio.get_running_loop().create_future()
+            finally:
+                for task in background:
+                    task.cancel()
+                if background:
+                    await asyncio.wait(background)
 
         try:
             loop.run_until_complete(main())
