@@ -927,3 +927,29 @@ def test_a_failing_background_task_is_logged_and_the_pipeline_goes_on(caplog):
     with pipeline.build(background_tasks=[Broken]).auto_stop() as running:
         assert list(running) == [0, 2, 4, 6, 8]
     assert any("monitor broke" in r.getMessage() for r in caplog.records)
+
+
+@given(n=st.integers(0, 50), world=st.integers(1, 5))
+def test_deterministic_sampler_ranks_cover_the_indices_once_in_order(n, world):
+    from torch_spdl.source import DistributedDeterministicSampler
+
+    shares = [
+        list(DistributedDeterministicSampler(n, rank=r, world_size=world)) for r in range(world)
+    ]
+    assert sorted(x for share in shares for x in share) == list(range(n))
+    for r, share in enumerate(shares):
+        assert share == list(range(r, n, world))
+        sampler = DistributedDeterministicSampler(n, rank=r, world_size=world)
+        assert list(sampler) == list(sampler) and len(sampler) == len(share)
+
+
+def test_embed_shuffle_reshuffles_on_every_iteration():
+    from torch_spdl.source.utils import embed_shuffle
+
+    src = _Shuffled(6)
+    shuffled = embed_shuffle(src, epoch=3)
+    first, second = list(shuffled), list(shuffled)
+    assert src.seeds == [3, 4]
+    assert sorted(first) == sorted(second) == list(range(6)) and len(shuffled) == 6
+    with pytest.raises(TypeError, match="shuffle"):
+        embed_shuffle([1, 2])

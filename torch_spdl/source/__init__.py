@@ -2,10 +2,12 @@
 (``spdl.source`` counterparts); ``torch_spdl.source.utils`` repeats and merges sources."""
 
 from . import utils as utils
+from ._deterministic import DistributedDeterministicSampler
 from ._distributed import DistributedRandomSampler, detect_rank_and_world_size
 from ._types import IterableWithShuffle, SizedIterable
 
 __all__ = [
+    "DistributedDeterministicSampler",
     "DistributedRandomSampler",
     "IterableWithShuffle",
     "SizedIterable",

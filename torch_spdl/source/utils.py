@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from ..pipeline import iterate_in_subprocess
 
-__all__ = ["MergeIterator", "iterate_in_subprocess", "repeat_source"]
+__all__ = ["MergeIterator", "embed_shuffle", "iterate_in_subprocess", "repeat_source"]
 
 T = TypeVar("T")
 
@@ -34,6 +34,35 @@ def repeat_source(src: Iterable[T], epoch: int = 0) -> Iterator[T]:
             shuffle(seed=epoch)
         yield from src
         epoch += 1
+
+
+class _EmbeddedShuffle(Iterable[T]):
+    def __init__(self, src: Iterable[T], epoch: int) -> None:
+        self.src = src
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[T]:
+        self.src.shuffle(seed=self.epoch)  # type: ignore[attr-defined]
+        self.epoch += 1
+        return iter(self.src)
+
+    def __len__(self) -> int:
+        return len(self.src)  # type: ignore[arg-type]
+
+
+def embed_shuffle(src: Iterable[T], /, *, epoch: int = 0) -> Iterable[T]:
+    """Make a source reshuffle itself: each iteration first calls
+    ``src.shuffle(seed=epoch)``, with ``epoch`` counting up from the given value.
+
+    Args:
+        src: an ``IterableWithShuffle`` (it has ``shuffle(seed=...)``).
+        epoch: the seed of the first iteration.
+    """
+    if not callable(getattr(src, "shuffle", None)):
+        raise TypeError(
+            f"embed_shuffle needs a source with a shuffle(seed=...) method, got {src!r}"
+        )
+    return _EmbeddedShuffle(src, epoch)
 
 
 class MergeIterator(Iterable[T]):
