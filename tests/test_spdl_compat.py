@@ -953,3 +953,24 @@ def test_embed_shuffle_reshuffles_on_every_iteration():
     assert sorted(first) == sorted(second) == list(range(6)) and len(shuffled) == 6
     with pytest.raises(TypeError, match="shuffle"):
         embed_shuffle([1, 2])
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(0, 300), concurrency=st.integers(1, 6), period=st.integers(2, 9))
+def test_task_stats_hook_counts_every_task_with_many_workers(n, concurrency, period):
+    hooks = []
+
+    def factory(info):
+        hooks.append(TaskStatsHook(info))
+        return hooks[-1:]
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(n))
+        .pipe(fail_when(lambda x: x % period == 0), concurrency=concurrency)
+        .add_sink(0)
+        .build(task_hook_factory=factory)
+    )
+    assert len(list(pipeline)) == n - len(range(0, n, period))
+    perf = hooks[0].stats()
+    assert (perf.num_tasks, perf.num_failures) == (n, len(range(0, n, period)))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -101,6 +102,8 @@ class TaskStatsHook(TaskHook):
         self.num_tasks = 0
         self.num_success = 0
         self.ave_time = 0.0
+        # a sync stage's workers are threads, each running this hook: count under a lock
+        self._lock = threading.Lock()
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
@@ -124,16 +127,19 @@ class TaskStatsHook(TaskHook):
         except StopAsyncIteration:  # a generator's end is not a task
             raise
         except BaseException:
-            self.num_tasks += 1
+            with self._lock:
+                self.num_tasks += 1
             raise
         elapsed = time.perf_counter() - t0
-        self.num_tasks += 1
-        self.num_success += 1
-        self.ave_time += (elapsed - self.ave_time) / self.num_success
+        with self._lock:
+            self.num_tasks += 1
+            self.num_success += 1
+            self.ave_time += (elapsed - self.ave_time) / self.num_success
 
     def stats(self) -> TaskPerfStats:
         """The counts so far."""
-        return TaskPerfStats(self.num_tasks, self.num_tasks - self.num_success, self.ave_time)
+        with self._lock:
+            return TaskPerfStats(self.num_tasks, self.num_tasks - self.num_success, self.ave_time)
 
 
 def check_hooks(hooks: Sequence[Any], stage: str) -> list[TaskHook]:
