@@ -19,7 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from torch_spdl.pipeline import PipelineBuilder
+from torch_spdl.pipeline import PipelineBuilder, TaskStatsHook
 
 SINK = 64
 
@@ -42,9 +42,14 @@ async def _asleep(x: int) -> int:
     return x
 
 
-def _run(builder: PipelineBuilder, n: int, *, trace: bool = False) -> float:
-    """Items/s through the pipeline; with ``trace``, also check one span per item per stage."""
-    pipeline = builder.build(trace=trace)
+def _stats_hooks(info):  # noqa: ANN001, ANN202
+    return [TaskStatsHook(info)]
+
+
+def _run(builder: PipelineBuilder, n: int, *, trace: bool = False, hooks: bool = False) -> float:
+    """Items/s through the pipeline; with ``trace``, also check one span per item per stage;
+    with ``hooks``, every stage runs a ``TaskStatsHook``."""
+    pipeline = builder.build(trace=trace, task_hook_factory=_stats_hooks if hooks else None)
     t0 = time.perf_counter()
     count = 0
     with pipeline.auto_stop():
@@ -64,11 +69,18 @@ def sync_stages(n: int, *, trace: bool = False) -> float:
     return _run(b.add_sink(SINK), n, trace=trace)
 
 
-def async_stages(n: int) -> float:
+def async_stages(n: int, *, hooks: bool = False) -> float:
     b = PipelineBuilder().add_source(range(n))
     for _ in range(3):
         b.pipe(_anoop)
-    return _run(b.add_sink(SINK), n)
+    return _run(b.add_sink(SINK), n, hooks=hooks)
+
+
+def sync_stages_hooked(n: int) -> float:
+    b = PipelineBuilder().add_source(range(n))
+    for _ in range(3):
+        b.pipe(_noop, concurrency=4)
+    return _run(b.add_sink(SINK), n, hooks=True)
 
 
 def source_to_sink(n: int, sink: int | None = None) -> float:
@@ -102,6 +114,13 @@ CASES: list[tuple[str, Callable[[int], float], int, str]] = [
     ("torch DataLoader, 0 workers, batch 32", lambda n: _torch(n, 0), 1_000_000, "reference"),
     ("torch DataLoader, 2 workers, batch 32", lambda n: _torch(n, 2), 300_000, "reference"),
     ("source to sink only, add_sink(3)", lambda n: source_to_sink(n, 3), 100_000, "(info)"),
+    ("3 no-op sync stages, TaskStatsHook on", sync_stages_hooked, 50_000, "(hook cost)"),
+    (
+        "3 no-op async stages, TaskStatsHook on",
+        lambda n: async_stages(n, hooks=True),
+        100_000,
+        "(hook cost)",
+    ),
 ]
 
 

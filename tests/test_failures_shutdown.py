@@ -227,7 +227,7 @@ def test_pipe_level_unlimited_failures_lets_a_finite_run_complete():
     assert _stage(pipeline, "lenient").num_failed == 10
 
 
-def test_max_failures_reaches_get_item_too():
+def test_max_failures_reaches_get_item_as_eof_and_stop_raises():
     def always(x):
         raise Boom(str(x))
 
@@ -237,12 +237,13 @@ def test_max_failures_reaches_get_item_too():
         .pipe(always, name="always")
         .build(max_failures=1)
     )
-    try:
+    with pytest.raises(EOFError) as eof:
+        pipeline.get_item(timeout=WAIT)
+    assert isinstance(eof.value.__cause__, PipelineFailure)
+    for _ in range(2):  # on every call
         with pytest.raises(PipelineFailure) as info:
-            pipeline.get_item(timeout=WAIT)
+            pipeline.stop()
         assert isinstance(info.value.__cause__, Boom)
-    finally:
-        pipeline.stop()
 
 
 # ---------------------------------------------------------------------------------------
@@ -275,21 +276,24 @@ def test_source_error_after_earlier_items(source, concurrency, stage):
         builder.pipe(_atimes10, concurrency=concurrency)
     pipeline = builder.add_sink(2).build()
     got = []
-    with pytest.raises(SourceBroke, match="the source broke"):
+    with pytest.raises(PipelineFailure) as info:
         for x in pipeline:
             got.append(x)
+    assert info.value.stage == "source"
+    assert isinstance(info.value.__cause__, SourceBroke)
+    assert info.group_contains(SourceBroke, match="the source broke")
     factor = 1 if stage == "none" else 10
     assert sorted(got) == [factor * i for i in range(5)]
 
 
 def test_source_error_reaches_get_item_after_items():
     pipeline = PipelineBuilder().add_source(_sync_source()).pipe(lambda x: x).build()
-    try:
-        assert [pipeline.get_item(timeout=WAIT) for _ in range(5)] == list(range(5))
-        with pytest.raises(SourceBroke):
-            pipeline.get_item(timeout=WAIT)
-    finally:
+    assert [pipeline.get_item(timeout=WAIT) for _ in range(5)] == list(range(5))
+    with pytest.raises(EOFError):
+        pipeline.get_item(timeout=WAIT)
+    with pytest.raises(PipelineFailure) as info:
         pipeline.stop()
+    assert info.group_contains(SourceBroke)
 
 
 # ---------------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Mirrors ``spdl.pipeline``: code written for it keeps working after changing the import.
 """
 
+from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
 from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
+from ._background import BackgroundTask, BackgroundTaskFactory
 from ._builder import (
     AggregateConfig,
     DisaggregateConfig,
@@ -12,7 +14,9 @@ from ._builder import (
     PipelineConfig,
     build_pipeline,
 )
+from ._compat import create_task, iterate_in_subinterpreter, run_pipeline_in_subinterpreter
 from ._errors import PipelineFailure
+from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._pipeline import Pipeline
 from ._plot import plot_trace
 from ._profile import ProfileReport, StageProfile, profile_pipeline
@@ -25,6 +29,8 @@ __all__ = [
     "AutotuneConfig",
     "AutotuneController",
     "AutotuneSample",
+    "BackgroundTask",
+    "BackgroundTaskFactory",
     "DisaggregateConfig",
     "PipeConfig",
     "Pipeline",
@@ -34,15 +40,22 @@ __all__ = [
     "PipelineTrace",
     "ProfileReport",
     "StageProfile",
+    "StageInfo",
     "StageSample",
     "StageStats",
     "SubprocessError",
+    "TaskHook",
+    "TaskPerfStats",
+    "TaskStatsHook",
     "TraceSample",
     "TraceSpan",
     "build_pipeline",
+    "create_task",
     "export_chrome_trace",
+    "iterate_in_subinterpreter",
     "iterate_in_subprocess",
     "plot_trace",
     "profile_pipeline",
+    "run_pipeline_in_subinterpreter",
     "run_pipeline_in_subprocess",
 ]

@@ -16,6 +16,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EOF, ChannelAborted
+from ._errors import describe_item
+from ._hooks import hooked_async
 from ._node import OpStage
 from ._ops import OpKind
 
@@ -37,6 +39,7 @@ class AsyncStage(OpStage):
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def launch(self, runtime: Runtime) -> None:
+        self.enter_stage_hooks()
         count = self.most_workers
         self._active = count
         for i in range(count):
@@ -57,6 +60,23 @@ class AsyncStage(OpStage):
             if not fut.done():
                 fut.set_result(None)
 
+    def _call_failed(self, item: Any, exc: Exception) -> None:
+        """Calling an async op raised before it could run (a wrong signature, say): every
+        item would fail the same way, so the stage fails, as in SPDL."""
+        exc.add_note(
+            f"torch_spdl: calling the op of stage {self.name!r} on item {describe_item(item)} "
+            "raised before it ran (does it take exactly one argument?)"
+        )
+        self.fail(exc)
+
+    def unblock_workers(self) -> None:
+        # Called on the loop's thread (every failure of an async stage is raised there).
+        self._released = True
+        self._wake_parked()
+        if self._window is not None:
+            for _ in range(self.most_workers):
+                self._window.release()
+
     async def _gate(self, index: int) -> None:
         """Park coroutine ``index`` of an autotuned stage while it is above the limit."""
         while index >= self._limit and not self._released:
@@ -75,6 +95,8 @@ class AsyncStage(OpStage):
         counters = self.new_counters()
         aget = partial(self._gated_get, index) if self.auto else self.inbox.aget
         op = self.op
+        if self.hooks:
+            op = hooked_async(op, self.hooks, generator=self.kind is OpKind.ASYNC_GEN)
         if self.tracer is not None:
             op = self.tracer.wrap_async(self, index, op, generator=self.kind is OpKind.ASYNC_GEN)
         try:
@@ -91,7 +113,8 @@ class AsyncStage(OpStage):
                 self._released = True
                 self._wake_parked()
             if self.leave():
-                self.outbox.close(self.upstream_error())
+                await self.aexit_stage_hooks()
+                self.outbox.close(self.end_error())
 
     async def _run_fast(self, counters: Any, aget: Any, op: Any) -> None:
         aput, clock = self.outbox.aput, time.perf_counter
@@ -102,7 +125,12 @@ class AsyncStage(OpStage):
             counters.num_in += 1
             t0 = clock()
             try:
-                out = await op(item)
+                coro = op(item)
+            except Exception as exc:  # the op cannot even be called: fail the stage
+                self._call_failed(item, exc)
+                return
+            try:
+                out = await coro
             except Exception as exc:
                 counters.op_time += clock() - t0
                 self.record_failure(item, exc)
@@ -131,8 +159,13 @@ class AsyncStage(OpStage):
             t0 = clock()
             outs: list[Any] = []
             try:
+                call = op(item)
+            except Exception as exc:  # the op cannot even be called: fail the stage
+                self._call_failed(item, exc)
+                return
+            try:
                 if is_gen:
-                    async for out in op(item):
+                    async for out in call:
                         if out is None:
                             continue
                         if ordered:
@@ -141,7 +174,7 @@ class AsyncStage(OpStage):
                             await aput(out)
                             counters.num_out += 1
                 else:
-                    out = await op(item)
+                    out = await call
                     if out is not None:
                         outs.append(out)
             except ChannelAborted:

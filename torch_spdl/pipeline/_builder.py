@@ -6,15 +6,19 @@ times (each build is a fresh pipeline), pickled to a subprocess, or profiled sta
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Callable, Iterable
+import copy
+from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from ._aggregate import AggregateStage, DisaggregateStage
+from ._aggregate import AggregateStage, Aggregator, Collate, DisaggregateStage
 from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
+from ._background import BackgroundTaskFactory
 from ._channel import Channel
+from ._failures import FailureBudget, MaxFailures, check_max_failures
+from ._hooks import StageInfo, TaskHook, check_hooks
 from ._node import Node
 from ._ops import OpKind, classify_op, op_name
 from ._pipeline import Pipeline
@@ -47,7 +51,7 @@ class PipeConfig:
     executor: Executor | None = None
     output_order: OutputOrder = "completion"
     name: str | None = None
-    max_failures: int | None = None
+    max_failures: MaxFailures | None = None
     queue_size: int | None = None
     max_concurrency: int | None = None
     initial_concurrency: int | None = None
@@ -75,13 +79,23 @@ class PipeConfig:
 
 @dataclass(frozen=True)
 class AggregateConfig:
-    """``aggregate(size, drop_last=...)`` as declared."""
+    """``aggregate(size, drop_last=...)`` as declared; ``aggregator`` is set (and ``size``
+    is 0) for a custom :class:`~torch_spdl.pipeline.defs.Aggregator`."""
 
     size: int
     drop_last: bool = False
+    aggregator: Aggregator | None = None
 
     def label(self) -> str:
+        if self.aggregator is not None:
+            return f"aggregate({type(self.aggregator).__name__})"
         return f"aggregate({self.size})"
+
+    def make_aggregator(self) -> Aggregator:
+        """A fresh aggregator for one build (a custom one is copied, state and all)."""
+        if self.aggregator is not None:
+            return copy.deepcopy(self.aggregator)
+        return Collate(self.size)
 
 
 @dataclass(frozen=True)
@@ -151,7 +165,7 @@ class PipelineBuilder(Generic[T, U]):
         executor: Executor | None = None,
         name: str | None = None,
         output_order: OutputOrder = "completion",
-        max_failures: int | None = None,
+        max_failures: MaxFailures | None = None,
         queue_size: int | None = None,
         max_concurrency: int | None = None,
         initial_concurrency: int | None = None,
@@ -166,8 +180,10 @@ class PipelineBuilder(Generic[T, U]):
         ``ProcessPoolExecutor`` for processes) with at most ``concurrency`` items in flight.
         Async ops run on the pipeline's event loop as ``concurrency`` coroutines.
         ``output_order="input"`` keeps the input order; ``"completion"`` emits as finished.
-        ``max_failures`` overrides the value given to :meth:`build` for this stage, and
-        ``queue_size`` the capacity of this stage's input queue.
+        ``max_failures`` gives this stage a failure limit of its own, counted on its items
+        alone, instead of sharing the one given to :meth:`build`: an ``int`` count (-1: no
+        limit) or a ``fractions.Fraction`` rate in (0, 1] (see :meth:`build`).
+        ``queue_size`` sets the capacity of this stage's input queue.
         ``concurrency="auto"`` lets the pipeline choose and adapt it while running, from 1
         up to ``max_concurrency`` (default 64 threads, 256 coroutines), starting at
         ``initial_concurrency`` (default 1; say, what an earlier run settled on); see
@@ -197,6 +213,8 @@ class PipelineBuilder(Generic[T, U]):
             )
         if queue_size is not None and (not isinstance(queue_size, int) or queue_size < 1):
             raise ValueError(f"queue_size must be a positive int, got {queue_size!r}")
+        if max_failures is not None:
+            check_max_failures(max_failures, f"pipe({op_name(op)})")
         self._stages.append(
             PipeConfig(
                 op,
@@ -212,11 +230,19 @@ class PipelineBuilder(Generic[T, U]):
         )
         return self
 
-    def aggregate(self, num_items: int, /, *, drop_last: bool = False) -> PipelineBuilder[T, U]:
-        """Group every ``num_items`` items into a list (the last one may be shorter)."""
-        if not isinstance(num_items, int) or num_items < 1:
-            raise ValueError(f"aggregate needs a positive int, got {num_items!r}")
-        self._stages.append(AggregateConfig(num_items, drop_last))
+    def aggregate(
+        self, num_items: int | Aggregator, /, *, drop_last: bool = False
+    ) -> PipelineBuilder[T, U]:
+        """Group every ``num_items`` items into a list (the last one may be shorter).
+
+        Args:
+            num_items: the size of each list, or an
+                :class:`~torch_spdl.pipeline.defs.Aggregator` that decides the groups
+                (each build uses a copy of it).
+            drop_last: drop the shorter last list (for an aggregator: do not call its
+                ``flush()``).
+        """
+        self._stages.append(aggregate_config(num_items, drop_last))
         return self
 
     def disaggregate(self) -> PipelineBuilder[T, U]:
@@ -244,27 +270,41 @@ class PipelineBuilder(Generic[T, U]):
         self,
         *,
         num_threads: int | None = None,
-        max_failures: int = -1,
+        max_failures: MaxFailures = -1,
         report_stats_interval: float = -1,
         queue_size: int | None = None,
         cpu_budget: float | None = None,
         memory_limit: int | None = None,
         trace: bool = False,
+        task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
+        stage_id: int = 0,
+        background_tasks: Sequence[BackgroundTaskFactory] = (),
     ) -> Pipeline[U]:
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
         ``num_threads``, when given, caps each sync stage's worker threads (stages never
-        share threads). ``max_failures`` is how many failed items a stage may drop before
-        the pipeline fails (-1: no limit). ``report_stats_interval`` > 0 logs the stage
+        share threads). ``max_failures`` is how many failed items the pipeline may drop
+        before it fails, counted across every stage that does not set its own in
+        :meth:`pipe`: an ``int`` count (-1: no limit), or a ``fractions.Fraction`` rate in
+        (0, 1], failures / items taken by those stages, checked once they have taken at
+        least ``max(100, 1/rate)`` items (and when they end); a rate out of range is a
+        ``ValueError`` here. ``report_stats_interval`` > 0 logs the stage
         table every that many seconds. ``queue_size`` overrides the capacity of the queues
         between stages (default: 64 samples, or 2 per worker for batches).
         ``cpu_budget`` (fraction of this machine's cores, default 0.4) and ``memory_limit``
         (resident bytes, default none) bound what stages with ``concurrency="auto"`` may grow
         to. ``trace=True`` records every item's time in every stage and the queue depths:
         read them with :meth:`Pipeline.trace`.
+        ``task_hook_factory`` makes each stage's :class:`TaskHook` list from its
+        :class:`StageInfo` (default: no hooks, and no cost); ``stage_id`` is passed to it.
+        ``background_tasks`` are factories of :class:`BackgroundTask`: each runs on the
+        pipeline's event loop from start to stop; a failure is logged, not raised.
         """
         return build_pipeline(
             self.get_config(),
+            background_tasks=background_tasks,
+            task_hook_factory=task_hook_factory,
+            stage_id=stage_id,
             num_threads=num_threads,
             max_failures=max_failures,
             report_stats_interval=report_stats_interval,
@@ -277,6 +317,15 @@ class PipelineBuilder(Generic[T, U]):
     def __repr__(self) -> str:
         stages = " -> ".join(s.label() for s in self._stages)
         return f"PipelineBuilder(source -> {stages or '(no stage)'} -> sink)"
+
+
+def aggregate_config(num_items: int | Aggregator, drop_last: bool) -> AggregateConfig:
+    """Check and record an ``aggregate`` stage."""
+    if isinstance(num_items, Aggregator):
+        return AggregateConfig(0, drop_last, num_items)
+    if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
+        raise ValueError(f"aggregate needs a positive int or an Aggregator, got {num_items!r}")
+    return AggregateConfig(num_items, drop_last)
 
 
 def queue_capacity(workers: int, batched: bool) -> int:
@@ -296,23 +345,39 @@ def build_pipeline(
     config: PipelineConfig,
     *,
     num_threads: int | None = None,
-    max_failures: int = -1,
+    max_failures: MaxFailures = -1,
     report_stats_interval: float = -1,
     queue_size: int | None = None,
     cpu_budget: float | None = None,
     memory_limit: int | None = None,
     trace: bool = False,
     autotune: AutotuneConfig | None = None,
+    task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
+    stage_id: int = 0,
+    background_tasks: Sequence[BackgroundTaskFactory] = (),
 ) -> Pipeline[Any]:
     """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`.
 
-    ``autotune`` replaces the whole autotuner configuration (``cpu_budget`` and
-    ``memory_limit`` are its two usual knobs).
+    The keywords are those of :meth:`PipelineBuilder.build`; ``autotune`` replaces the
+    whole autotuner configuration (``cpu_budget`` and ``memory_limit`` are its two usual
+    knobs).
+
+    Args:
+        config: the declaration: ``PipelineBuilder.get_config()``, or SPDL's
+            :class:`torch_spdl.pipeline.defs.PipelineConfig`.
     """
+    to_builder_config = getattr(config, "_to_builder_config", None)  # defs.PipelineConfig
+    if to_builder_config is not None:
+        config = to_builder_config()
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be positive, got {num_threads!r}")
     if queue_size is not None and queue_size < 1:
         raise ValueError(f"queue_size must be positive, got {queue_size!r}")
+    check_max_failures(max_failures, "build")
+    # The build-level limit is one budget shared by the stages without a limit of their
+    # own; it reads their item counts only when an item fails.
+    shared: list[Node] = []
+    shared_budget = FailureBudget(max_failures, lambda: sum(n.invocations() for n in shared))
     if autotune is None:
         autotune = AutotuneConfig(
             **({} if cpu_budget is None else {"cpu_budget": cpu_budget}),
@@ -338,22 +403,31 @@ def build_pipeline(
     for i, spec in enumerate(config.stages):
         name = f"{i + 1}:{spec.label()}"
         inbox, outbox = channels[i], channels[i + 1]
+        hooks: list[TaskHook] = []
+        if task_hook_factory is not None:
+            hooks = check_hooks(task_hook_factory(StageInfo(name, i + 1, stage_id)), name)
         if isinstance(spec, AggregateConfig):
-            nodes.append(AggregateStage(name, spec.size, spec.drop_last, inbox, outbox))
+            aggregator = spec.make_aggregator()
+            nodes.append(AggregateStage(name, aggregator, spec.drop_last, inbox, outbox, hooks))
         elif isinstance(spec, DisaggregateConfig):
-            nodes.append(DisaggregateStage(name, inbox, outbox))
+            nodes.append(DisaggregateStage(name, inbox, outbox, hooks))
         else:
             op, kind = classify_op(spec.op)
+            own_limit = spec.max_failures is not None
             common = dict(
                 workers=min(spec.initial_concurrency or 1, workers[i]) if spec.auto else workers[i],
                 ordered=spec.output_order == "input",
-                max_failures=max_failures if spec.max_failures is None else spec.max_failures,
+                max_failures=spec.max_failures if own_limit else -1,
                 max_workers=workers[i] if spec.auto else None,
+                budget=None if own_limit else shared_budget,
+                hooks=hooks,
             )
             if kind.is_async:
                 node: Node = AsyncStage(name, op, kind, inbox, outbox, **common)
             else:
                 node = ThreadStage(name, op, kind, inbox, outbox, executor=spec.executor, **common)
+            if not own_limit:
+                shared.append(node)
             nodes.append(node)
     runtime = Runtime(
         nodes,
@@ -361,6 +435,7 @@ def build_pipeline(
         report_stats_interval=report_stats_interval,
         autotune=autotune,
         trace=trace,
+        background_tasks=background_tasks,
     )
     return Pipeline(runtime, channels[-1], description=_describe(config))
 

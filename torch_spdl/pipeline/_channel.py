@@ -80,8 +80,8 @@ class Channel(Generic[T]):
 
     ``capacity <= 0`` means unbounded. ``close(error)`` marks the end of the stream: readers
     drain what is left, then receive :data:`EOF` and can read ``close_error``.
-    ``abort(reason)`` discards everything and makes every pending and later call raise
-    :class:`ChannelAborted`.
+    ``abort(reason)`` discards everything (or, with ``keep_items``, sets it aside in
+    ``kept``) and makes every pending and later call raise :class:`ChannelAborted`.
     """
 
     __slots__ = (
@@ -96,6 +96,7 @@ class Channel(Generic[T]):
         "_abort",
         "n_gets",
         "depth_sum",
+        "kept",
     )
 
     def __init__(self, capacity: int, name: str = "") -> None:
@@ -111,6 +112,7 @@ class Channel(Generic[T]):
         # Occupancy seen by readers: the sum of queue depths at each successful get.
         self.n_gets = 0
         self.depth_sum = 0
+        self.kept: deque[T] = deque()  # what abort(keep_items=True) set aside
 
     def __len__(self) -> int:
         return len(self._items)
@@ -162,13 +164,18 @@ class Channel(Generic[T]):
             self.close_error = error
             self._wake_all()
 
-    def abort(self, reason: BaseException | None) -> None:
-        """Drop all items and make every call raise :class:`ChannelAborted`."""
+    def abort(self, reason: BaseException | None, *, keep_items: bool = False) -> None:
+        """Drop all items and make every call raise :class:`ChannelAborted`; with
+        ``keep_items`` the items move to ``kept`` instead, for a reader to take on purpose."""
         with self._mutex:
             if self._abort is not None:
                 return
             self._abort = ChannelAborted(reason)
-            self._items.clear()
+            if keep_items:
+                self.kept = self._items
+                self._items = deque()
+            else:
+                self._items.clear()
             self._wake_all()
 
     def _wake_all(self) -> None:

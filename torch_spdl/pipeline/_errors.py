@@ -1,8 +1,16 @@
-"""Exceptions the pipeline raises to its consumer."""
+"""Exceptions the pipeline raises to its consumer.
+
+SPDL code catches ``PipelineFailure`` as an ``ExceptionGroup`` of the stages' errors (so
+``except*`` and ``.subgroup()`` work on it), while code written for torch_spdl reads
+``failure.stage``, ``failure.num_failures`` and ``failure.__cause__``. The class keeps
+both surfaces: it is a group of the original exceptions, each carrying a note that names
+its stage (and item), and ``__cause__`` is the first of them.
+"""
 
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Sequence
 
 __all__ = ["PipelineFailure", "describe_item"]
 
@@ -13,6 +21,8 @@ _REPR.maxlist = 4
 _REPR.maxtuple = 4
 _REPR.maxdict = 4
 
+_MESSAGE = "pipeline stages failed"
+
 
 def describe_item(item: object) -> str:
     """A short, bounded repr of an item for error messages and logs."""
@@ -22,21 +32,71 @@ def describe_item(item: object) -> str:
         return f"<{type(item).__name__} object>"
 
 
-class PipelineFailure(RuntimeError):
-    """A stage failed more often than its ``max_failures`` allows, or the engine broke.
+class PipelineFailure(ExceptionGroup, RuntimeError):  # noqa: N818 (SPDL's name)
+    """The pipeline failed: a stage went over its ``max_failures``, the source raised, or
+    the engine broke.
 
-    ``stage`` names the stage, ``num_failures`` counts its failed items and ``__cause__``
-    is the last original exception.
+    An ``ExceptionGroup`` of the original exceptions, one per failed stage, in the order
+    they failed; each has a note naming its stage (and the item it failed on).
+    ``stages`` names the stage of each exception, ``stage`` the first one,
+    ``num_failures`` how many items that stage had failed on, and ``__cause__`` is the
+    first exception (what a caller that re-raises "the real error" wants).
+    ``subgroup()`` and ``split()`` return ``PipelineFailure`` objects too.
+
+    Args:
+        message: the group's message (SPDL's is ``"pipeline stages failed"``).
+        exceptions: the stages' errors (at least one).
+        stages: the stage of each error, in the same order.
+        num_failures: how many items the first stage failed on.
     """
 
-    def __init__(self, message: str, *, stage: str, num_failures: int = 0) -> None:
-        super().__init__(message)
-        self.stage = stage
+    def __new__(
+        cls,
+        message: str = _MESSAGE,
+        exceptions: Sequence[Exception] = (),
+        *,
+        stages: Sequence[str] | None = None,
+        num_failures: int = 0,
+    ) -> PipelineFailure:
+        return super().__new__(cls, message, list(exceptions))
+
+    def __init__(
+        self,
+        message: str = _MESSAGE,
+        exceptions: Sequence[Exception] = (),
+        *,
+        stages: Sequence[str] | None = None,
+        num_failures: int = 0,
+    ) -> None:
+        super().__init__(message, list(exceptions))
+        names = list(stages) if stages is not None else []
+        names += ["?"] * (len(self.exceptions) - len(names))
+        self.stages: tuple[str, ...] = tuple(names[: len(self.exceptions)])
+        self.stage: str = self.stages[0]
         self.num_failures = num_failures
+        self.__cause__ = self.exceptions[0]
+
+    def derive(self, excs: Sequence[BaseException]) -> PipelineFailure:  # type: ignore[override]
+        by_id = {id(e): s for e, s in zip(self.exceptions, self.stages, strict=True)}
+        stages = [by_id.get(id(e), "?") for e in excs]
+        num = self.num_failures if stages and stages[0] == self.stage else 0
+        return PipelineFailure(self.message, list(excs), stages=stages, num_failures=num)  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        parts = [
+            f"stage {stage!r}: {type(exc).__name__}: {exc}"
+            for stage, exc in zip(self.stages, self.exceptions, strict=True)
+        ]
+        return f"{self.message} ({'; '.join(parts)})"
 
     def __reduce__(self):  # keep the keyword arguments across processes
-        return (_rebuild_failure, (str(self), self.stage, self.num_failures))
+        return (
+            _rebuild_failure,
+            (self.message, list(self.exceptions), self.stages, self.num_failures),
+        )
 
 
-def _rebuild_failure(message: str, stage: str, num_failures: int) -> PipelineFailure:
-    return PipelineFailure(message, stage=stage, num_failures=num_failures)
+def _rebuild_failure(
+    message: str, exceptions: list[Exception], stages: Sequence[str], num_failures: int
+) -> PipelineFailure:
+    return PipelineFailure(message, exceptions, stages=stages, num_failures=num_failures)

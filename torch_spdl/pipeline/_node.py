@@ -4,23 +4,29 @@ A node reads its ``inbox`` channel, writes its ``outbox`` channel and runs ``wor
 workers, threads or coroutines that the runtime owns. The last worker to leave closes the
 outbox, passing on the upstream's end-of-stream error, so the end of the stream (and any
 source error) travels down the chain in order. A failed item is logged once, counted, and
-dropped; past ``max_failures`` the node fails the whole pipeline.
+dropped; past its ``max_failures`` budget the node fails the pipeline: the runtime stops
+everything upstream of it, and the node closes its outbox with the failure, so what was
+already made downstream still reaches the consumer ahead of the error.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._channel import Channel
-from ._errors import PipelineFailure, describe_item
+from ._errors import describe_item
+from ._failures import FailureBudget
 from ._ops import OpKind
 from ._stats import Counters, StageStats
 
 if TYPE_CHECKING:
+    from ._hooks import TaskHook
     from ._runtime import Runtime
     from ._trace import Tracer
 
@@ -42,12 +48,16 @@ class Node:
         *,
         workers: int = 1,
         max_failures: int = -1,
+        budget: FailureBudget | None = None,
     ) -> None:
         self.name = name
         self.inbox = inbox
         self.outbox = outbox
         self.workers = workers
-        self.max_failures = max_failures
+        if budget is None:
+            budget = FailureBudget(max_failures, self.invocations)
+        self.budget = budget
+        self._failure: BaseException | None = None  # why this node failed the pipeline
         self._counters: list[Counters] = []
         self._lock = threading.Lock()
         self._active = workers
@@ -100,12 +110,27 @@ class Node:
     def upstream_error(self) -> BaseException | None:
         return self.inbox.close_error if self.inbox is not None else None
 
+    def end_error(self) -> BaseException | None:
+        """What to close the outbox with: this node's failure, or the upstream's.
+
+        Called once, by the last worker to leave. A failure rate is checked here too, so
+        that failures made during the probation count once the stage has seen enough.
+        """
+        if self._failure is None and self.upstream_error() is None and self.budget.exceeded():
+            self._trip(None, None)
+        return self._failure or self.upstream_error()
+
+    def invocations(self) -> int:
+        """Items taken so far (read when an item fails; the workers count lock-free)."""
+        with self._lock:
+            counters = list(self._counters)
+        return sum(c.num_in for c in counters)
+
     # -- failures ------------------------------------------------------------------------
     def record_failure(self, item: Any, exc: Exception) -> None:
-        """Log and count a failed item; fail the pipeline past ``max_failures``."""
+        """Log and count a failed item; fail the pipeline past the ``max_failures`` budget."""
         with self._lock:
             self._num_failed += 1
-            count = self._num_failed
         _LG.error(
             "stage %r failed on item %s: %s: %s",
             self.name,
@@ -114,30 +139,54 @@ class Node:
             exc,
             exc_info=_LG.isEnabledFor(logging.DEBUG),
         )
-        if 0 <= self.max_failures < count:
-            failure = PipelineFailure(
-                f"stage {self.name!r} failed on {count} items, more than max_failures="
-                f"{self.max_failures}; the last on item {describe_item(item)}: "
-                f"{type(exc).__name__}: {exc}",
-                stage=self.name,
-                num_failures=count,
-            )
-            failure.__cause__ = exc
-            self.fail(failure)
+        if self.budget.add() and self._failure is None:
+            self._trip(item, exc)
 
-    def fail(self, error: BaseException) -> None:
-        """Stop the whole pipeline with ``error``, which the consumer then receives."""
+    def _trip(self, item: Any, exc: Exception | None) -> None:
+        """Fail the pipeline because this stage went over its budget."""
+        with self._lock:
+            count = self._num_failed
+        limit = self.budget.describe()
+        if exc is None:  # a rate found exceeded when the stage ended
+            exc = RuntimeError(
+                f"stage {self.name!r} ended with {self.budget.count} failures in "
+                f"{self.budget.invocations()} items, more than {limit}"
+            )
+        else:
+            exc.add_note(
+                f"torch_spdl: stage {self.name!r} failed on item {describe_item(item)}; "
+                f"{self.budget.count} failures, more than {limit}"
+            )
+        self.fail(exc, num_failures=count)
+
+    def fail(self, error: BaseException, *, num_failures: int = 0) -> None:
+        """Fail the pipeline with ``error`` (raised by this node's op, source or engine).
+
+        The runtime stops every node upstream; this node's workers finish what they hold
+        and the last one closes the outbox with the failure (see :meth:`end_error`).
+        """
+        if not isinstance(error, Exception):  # an ExceptionGroup holds Exceptions only
+            wrapped = RuntimeError(f"{type(error).__name__}: {error}")
+            wrapped.__cause__ = error
+            error = wrapped
+        with self._lock:
+            if self._failure is not None:
+                return
+            self._failure = error
         assert self._runtime is not None
-        self._runtime.fail(error)
+        self._runtime.fail(error, node=self, num_failures=num_failures)
+        self.unblock_workers()
+
+    def unblock_workers(self) -> None:
+        """Wake workers that wait on something other than a channel (an input-order window,
+        an autotuner's parking), so that they reach the aborted input and leave; a worker
+        that failed may never emit its place in the order."""
 
     def crash(self, exc: BaseException) -> None:
         """A worker hit an error outside the user's op: never leave the consumer hanging."""
-        failure = PipelineFailure(
-            f"stage {self.name!r} stopped on an internal error: {type(exc).__name__}: {exc}",
-            stage=self.name,
-        )
-        failure.__cause__ = exc
-        self.fail(failure)
+        if isinstance(exc, Exception):
+            exc.add_note(f"torch_spdl: stage {self.name!r} stopped on an internal error")
+        self.fail(exc)
 
     # -- stats ---------------------------------------------------------------------------
     def stats(self) -> StageStats:
@@ -186,8 +235,14 @@ class OpStage(Node):
         ordered: bool,
         max_failures: int = -1,
         max_workers: int | None = None,
+        budget: FailureBudget | None = None,
+        hooks: Sequence[TaskHook] = (),
     ) -> None:
-        super().__init__(name, inbox, outbox, workers=workers, max_failures=max_failures)
+        super().__init__(
+            name, inbox, outbox, workers=workers, max_failures=max_failures, budget=budget
+        )
+        self.hooks = list(hooks)
+        self._stage_stack: contextlib.AsyncExitStack | None = None
         self.op = op
         self.kind = kind
         self.max_workers = max_workers
@@ -218,3 +273,53 @@ class OpStage(Node):
     def _resize(self, n: int) -> None:
         """Apply a new worker limit; the subclasses wake or start workers."""
         self._limit = n
+
+    # -- stage hooks (only for stages built with hooks) ------------------------------------
+    def enter_stage_hooks(self) -> None:
+        """Enter every hook's ``stage_hook()`` (from ``launch``, on a private loop).
+
+        An error fails the pipeline: the stage's input is aborted, so its workers leave at
+        once and close its output with the error.
+        """
+        if not self.hooks:
+            return
+        stack = contextlib.AsyncExitStack()
+
+        async def enter() -> None:
+            for hook in self.hooks:
+                await stack.enter_async_context(hook.stage_hook())
+
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(enter())
+            self._stage_stack = stack
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(stack.aclose())
+            self._hook_failed(exc)
+        finally:
+            loop.close()
+
+    def exit_stage_hooks(self) -> None:
+        """Leave the stage hooks from a worker thread (the last one, as the stage ends)."""
+        if self._stage_stack is None:
+            return
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self.aexit_stage_hooks())
+        finally:
+            loop.close()
+
+    async def aexit_stage_hooks(self) -> None:
+        """Leave the stage hooks from a coroutine (the last one, as the stage ends)."""
+        stack, self._stage_stack = self._stage_stack, None
+        if stack is None:
+            return
+        try:
+            await stack.aclose()
+        except Exception as exc:
+            self._hook_failed(exc)
+
+    def _hook_failed(self, exc: Exception) -> None:
+        exc.add_note(f"torch_spdl: raised by a stage_hook() of stage {self.name!r}")
+        self.fail(exc)

@@ -23,9 +23,17 @@ class Pipeline(Generic[T]):
 
     Iterating a pipeline that is not started starts it, and the iteration stops it again
     when it ends, fails, is broken out of, or is dropped. A pipeline started explicitly
-    (:meth:`start`, :meth:`auto_stop`) runs until :meth:`stop`. Dropping a running pipeline
-    stops it too. Errors reach the consumer where they happen: a source error after the
-    items made before it; a stage over its ``max_failures`` at once.
+    (:meth:`start`, :meth:`auto_stop`, :meth:`get_item`) runs until :meth:`stop`. Dropping
+    a running pipeline stops it too.
+
+    When the pipeline fails (a stage over its ``max_failures``, the source raising, the
+    engine breaking) the consumer still receives every item already made, then:
+
+    - started by iterating it (a plain ``for`` loop, no :meth:`stop` to come): the loop
+      raises the :class:`PipelineFailure` at the end of the stream;
+    - started explicitly (SPDL's way): iteration ends quietly, :meth:`get_item` raises
+      ``EOFError``, and :meth:`stop` (or leaving :meth:`auto_stop`) raises the
+      ``PipelineFailure``, again on every later call.
     """
 
     def __init__(self, runtime: Runtime, sink: Channel[Any], *, description: str) -> None:
@@ -33,27 +41,52 @@ class Pipeline(Generic[T]):
         self._sink = sink
         self._description = description
         self._finalizer = weakref.finalize(self, runtime.shutdown)
+        self._explicit = False  # started by start()/auto_stop()/get_item: stop() reports
 
     def __repr__(self) -> str:
         return f"Pipeline({self._description})"
 
     # -- lifecycle -----------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the background threads (and event loop) of every stage."""
+    def start(self, *, timeout: float | None = None) -> None:
+        """Start the background threads (and event loop) of every stage.
+
+        Args:
+            timeout: accepted for SPDL compatibility; starting does not wait for anything.
+        """
+        self._explicit = True
         self._runtime.start()
 
-    def stop(self) -> None:
-        """Stop every stage and join every thread; the pipeline is unusable afterwards."""
-        self._runtime.shutdown()
+    def stop(self, *, timeout: float | None = None) -> None:
+        """Stop every stage and join every thread; the pipeline is unusable afterwards.
+
+        Stopping a pipeline that never started does nothing. For a pipeline started
+        explicitly, raises the :class:`PipelineFailure` if it failed, on every call.
+
+        Args:
+            timeout: the most seconds to wait for the threads to join (default 30).
+        """
+        self._runtime.shutdown(timeout, keep_sink=self._explicit)
+        if self._explicit and (failure := self._runtime.failure) is not None:
+            raise failure
 
     @contextlib.contextmanager
-    def auto_stop(self) -> Iterator[Pipeline[T]]:
-        """``start()`` on entry and ``stop()`` on exit, however the block exits."""
+    def auto_stop(self, *, timeout: float | None = None) -> Iterator[Pipeline[T]]:
+        """``start()`` on entry and ``stop()`` on exit, however the block exits.
+
+        Leaving the block raises the :class:`PipelineFailure` if the pipeline failed,
+        unless the block itself is raising (that exception goes on, the failure stays
+        readable from :meth:`stop`).
+
+        Args:
+            timeout: passed to :meth:`stop`.
+        """
         self.start()
         try:
             yield self
-        finally:
-            self.stop()
+        except BaseException:
+            self._runtime.shutdown(timeout)
+            raise
+        self.stop(timeout=timeout)
 
     # -- consuming -----------------------------------------------------------------------
     def __iter__(self) -> Iterator[T]:
@@ -66,41 +99,60 @@ class Pipeline(Generic[T]):
     def _iterate(self, timeout: float | None) -> Iterator[T]:
         started_here = self._runtime.state == "new"
         if started_here:
-            self.start()
+            self._runtime.start()
         get = self._sink.get
         try:
             while True:  # the consumer's per-item path: inline, not shared with get_item
                 try:
                     item = get(timeout)
                 except ChannelAborted as aborted:
-                    if aborted.reason is STOPPED:
+                    if aborted.reason is STOPPED and self._runtime.failure is None:
                         return
-                    raise aborted.reason from aborted.reason.__cause__  # type: ignore[misc]
+                    return self._end_failed(started_here)
                 if item is EOF:
                     if self._sink.close_error is not None:
-                        raise self._sink.close_error
+                        return self._end_failed(started_here)
                     return
                 yield item
         finally:
             if started_here:
-                self.stop()
+                self._runtime.shutdown()
+
+    def _end_failed(self, started_here: bool) -> None:
+        """The stream of a failed pipeline ended: raise now, or leave it to ``stop()``."""
+        failure = self._runtime.failure
+        if started_here or not self._explicit:
+            assert failure is not None
+            raise failure
 
     def get_item(self, *, timeout: float | None = None) -> T:
         """Return the next result; ``EOFError`` at the end, ``TimeoutError`` after ``timeout``.
 
-        Starts the pipeline if needed; it then runs until :meth:`stop`.
+        Starts the pipeline if needed; it then runs until :meth:`stop`. After :meth:`stop`
+        it returns what the sink still held, then raises ``EOFError`` (iteration, in
+        contrast, ends at :meth:`stop`). Once a failed
+        pipeline has delivered what it made, raises ``EOFError`` (chained to the failure);
+        :meth:`stop` raises the failure itself.
+
+        Args:
+            timeout: the most seconds to wait for an item (default: no limit).
         """
         if self._runtime.state == "new":
             self.start()
+        elif self._runtime.state == "stopped" and self._sink.kept:
+            return self._sink.kept.popleft()  # what was buffered when stop() came
         try:
             item = self._sink.get(timeout)
         except ChannelAborted as aborted:
-            if aborted.reason is STOPPED:
+            failure = self._runtime.failure
+            if aborted.reason is STOPPED and failure is None:
                 raise EOFError("the pipeline was stopped") from None
-            raise aborted.reason from aborted.reason.__cause__  # type: ignore[misc]
+            raise EOFError("the pipeline failed: stop() raises the failure") from failure
         if item is EOF:
             if self._sink.close_error is not None:
-                raise self._sink.close_error
+                raise EOFError(
+                    "the pipeline failed: stop() raises the failure"
+                ) from self._runtime.failure
             raise EOFError("the pipeline reached the end of its source")
         return item
 
@@ -130,4 +182,4 @@ class Pipeline(Generic[T]):
 
     def _stop_as_source(self) -> None:
         """Used when this pipeline feeds another one that is stopping."""
-        self.stop()
+        self._runtime.shutdown()

@@ -146,9 +146,10 @@ def profile_pipeline(
         name = f"{i + 1}:{spec.label()}"
         scale = len(inputs) / num_source
         if isinstance(spec, AggregateConfig):
-            outputs = [inputs[j : j + spec.size] for j in range(0, len(inputs), spec.size)]
-            if spec.drop_last and outputs and len(outputs[-1]) < spec.size:
-                outputs.pop()
+            aggregator = spec.make_aggregator()
+            outputs = [o for x in inputs if (o := aggregator.accumulate(x)) is not None]
+            if not spec.drop_last and (last := aggregator.flush()) is not None:
+                outputs.append(last)
             profiles.append(StageProfile(name, len(inputs), len(outputs), scale, 1))
         elif isinstance(spec, DisaggregateConfig):
             outputs = [x for batch in inputs for x in batch]

@@ -16,7 +16,9 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from ._autotune import AutotuneConfig, Autotuner
+from ._background import BackgroundTaskFactory, run_background
 from ._channel import Channel
+from ._errors import PipelineFailure
 from ._node import Node, OpStage
 from ._stats import StatsReporter
 from ._trace import PipelineTrace, Tracer
@@ -45,8 +47,10 @@ class Runtime:
         join_timeout: float = 30.0,
         autotune: AutotuneConfig | None = None,
         trace: bool = False,
+        background_tasks: Sequence[BackgroundTaskFactory] = (),
     ) -> None:
         self.nodes = list(nodes)
+        self._background = list(background_tasks)
         self.channels = list(channels)
         self._threads: list[threading.Thread] = []
         self._task_factories: list[Callable[[], Coroutine[Any, Any, None]]] = []
@@ -55,7 +59,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._starting = threading.RLock()
         self._state = "new"
-        self.failure: BaseException | None = None
+        self._errors: list[tuple[str, Exception, int]] = []  # (stage, error, failures)
+        self._failure: PipelineFailure | None = None
         self._join_timeout = join_timeout
         self._reporter = (
             StatsReporter(report_stats_interval, self.stats) if report_stats_interval > 0 else None
@@ -97,7 +102,7 @@ class Runtime:
             for node in self.nodes:
                 node.bind(self)
                 node.launch(self)
-            if self._task_factories:
+            if self._task_factories or self._background:
                 self._loop = asyncio.new_event_loop()
                 self._threads.append(
                     threading.Thread(target=self._run_loop, name="torch_spdl-loop", daemon=True)
@@ -123,13 +128,29 @@ class Runtime:
             self._main_task = asyncio.current_task()
             if self._state != "running":
                 return
-            await asyncio.gather(*(factory() for factory in self._task_factories))
+            background = [
+                asyncio.create_task(run_background(f), name=f"torch_spdl-background-{i}")
+                for i, f in enumerate(self._background)
+            ]
+            try:
+                await asyncio.gather(*(factory() for factory in self._task_factories))
+                if background:  # they live until stop() cancels this task
+                    await asyncio.get_running_loop().create_future()
+            finally:
+                for task in background:
+                    task.cancel()
+                if background:
+                    await asyncio.wait(background)
 
         try:
             loop.run_until_complete(main())
         except asyncio.CancelledError:
             pass
         except BaseException as exc:  # a task died outside its own handler
+            if not isinstance(exc, Exception):
+                wrapped = RuntimeError(f"the event loop stopped: {type(exc).__name__}: {exc}")
+                wrapped.__cause__ = exc
+                exc = wrapped
             self.fail(exc)
         finally:
             try:
@@ -142,24 +163,55 @@ class Runtime:
         """``"new"``, ``"running"`` or ``"stopped"``."""
         return self._state
 
-    def fail(self, error: BaseException) -> None:
-        """Record the first failure and abort every channel with it."""
-        with self._lock:
-            if self.failure is not None or self._state == "stopped":
-                return
-            self.failure = error
-        for channel in self.channels:
-            channel.abort(error)
+    def fail(self, error: Exception, *, node: Node | None = None, num_failures: int = 0) -> None:
+        """Record a stage's (or the engine's) error and stop what feeds it.
 
-    def shutdown(self) -> None:
-        """Stop every worker and join every thread (idempotent, safe from any thread)."""
+        With ``node``, only the channels upstream of it are aborted: the source and the
+        stages before stop, while what is already past the failing node still flows to the
+        consumer, followed by the failure (the node closes its outbox with it). Without
+        ``node`` (the engine itself broke) every channel is aborted.
+        """
+        with self._lock:
+            # Recorded even while stopping: an op that fails as ``stop()`` joins its thread
+            # still failed, and ``stop()`` reports every error once the threads are joined.
+            name = node.name if node is not None else "engine"
+            error.add_note(f"torch_spdl: stage {name!r} failed the pipeline")
+            self._errors.append((name, error, num_failures))
+            self._failure = None  # rebuilt with this error on the next read
+            if self._state == "stopped":
+                return
+        upstream = self.channels if node is None else self.channels[: self.nodes.index(node)]
+        for channel in upstream:
+            channel.abort(self.failure)
+
+    @property
+    def failure(self) -> PipelineFailure | None:
+        """Every error recorded so far as one ``PipelineFailure``; None while all is well."""
+        with self._lock:
+            if self._failure is None and self._errors:
+                stages, errors, counts = zip(*self._errors, strict=True)
+                self._failure = PipelineFailure(
+                    exceptions=list(errors), stages=list(stages), num_failures=counts[0]
+                )
+            return self._failure
+
+    def shutdown(self, timeout: float | None = None, *, keep_sink: bool = False) -> None:
+        """Stop every worker and join every thread (idempotent, safe from any thread).
+
+        ``timeout`` bounds the wait for the threads (default: the runtime's join timeout);
+        ``keep_sink`` sets aside what the sink holds (for ``get_item()`` after ``stop()``)
+        instead of dropping it.
+        """
         with self._lock:
             if self._state == "stopped":
                 return
             was_running = self._state == "running"
             self._state = "stopped"
-        for channel in self.channels:
+        for channel in self.channels[:-1]:
             channel.abort(STOPPED)
+        # get_item() after an explicit stop() returns what the sink held (SPDL's behaviour);
+        # otherwise nobody will read it, and it may hold large batches: drop it.
+        self.channels[-1].abort(STOPPED, keep_items=keep_sink)
         if not was_running:
             return
         with self._starting:
@@ -178,7 +230,8 @@ class Runtime:
                 loop.call_soon_threadsafe(self._cancel_main)
             except RuntimeError:
                 pass  # the loop already finished
-        deadline = time.monotonic() + self._join_timeout
+        join_timeout = self._join_timeout if timeout is None else timeout
+        deadline = time.monotonic() + join_timeout
         me = threading.current_thread()
         for thread in list(self._threads):
             if thread is me or thread.ident is None:
@@ -189,7 +242,7 @@ class Runtime:
                     "thread %r did not stop within %.0f s: an op is still running and cannot be "
                     "interrupted; it will exit when that op returns",
                     thread.name,
-                    self._join_timeout,
+                    join_timeout,
                 )
 
     def _cancel_main(self) -> None:

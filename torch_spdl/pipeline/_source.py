@@ -38,9 +38,12 @@ class SourceNode(Node):
         if stop is not None:
             stop()
 
-    def _source_error(self, exc: Exception) -> Exception:
+    def _source_error(self, exc: Exception) -> BaseException | None:
+        """A failing source fails the pipeline like a stage: the items it made before go
+        through, then the consumer gets a ``PipelineFailure`` holding this error."""
         exc.add_note(f"torch_spdl: raised while iterating the pipeline's source {self.source!r}")
-        return exc
+        self.fail(exc)
+        return self.end_error()
 
     def _run_sync(self) -> None:
         try:
@@ -62,7 +65,7 @@ class SourceNode(Node):
             error = self._source_error(exc)
         except BaseException as exc:
             self.crash(exc)
-            return
+            error = self.end_error()
         self.outbox.close(error)
 
     async def _run_async(self) -> None:

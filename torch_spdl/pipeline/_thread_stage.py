@@ -22,7 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EOF, ChannelAborted
-from ._errors import PipelineFailure
+from ._hooks import hooked_sync
 from ._node import OpStage
 from ._ops import OpKind, call_to_list
 
@@ -47,7 +47,10 @@ class ThreadStage(OpStage):
         self._released = False  # end of input or stop: parked workers leave
         self._spawned = 0
 
+    one_task_per_item = False  # with hooks: a generator op's call is one task, not each step
+
     def launch(self, runtime: Runtime) -> None:
+        self.enter_stage_hooks()
         first = self._limit
         self._spawned = first
         self._active = first
@@ -92,9 +95,12 @@ class ThreadStage(OpStage):
     def _work(self, index: int) -> None:
         counters = self.new_counters()
         get = partial(self._gated_get, index) if self.auto else self.inbox.get
+        close: Callable[[], None] | None = None
         try:
             if self.executor is None and not self.ordered:
                 op = self.op
+                if self.hooks:
+                    op, close = self._hooked(op)
                 if self.tracer is not None:
                     op = self.tracer.wrap(self, index, op, generator=self.kind is OpKind.GEN)
                 if self.kind is OpKind.FUNC:
@@ -102,26 +108,42 @@ class ThreadStage(OpStage):
                 else:
                     self._run_streaming(counters, get, op)
             else:
-                self._run_general(counters, index)
+                close = self._run_general(counters, index)
         except ChannelAborted:
             pass
         except BaseException as exc:
             self.crash(exc)
         finally:
+            if close is not None:
+                close()
             if self.auto:
                 self._release()
             if self.leave():
                 self._finish()
 
+    def _hooked(self, op: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], Callable[[], None]]:
+        """``op`` with this stage's task hooks (one private event loop per worker)."""
+        if self.kind is OpKind.GEN and self.one_task_per_item:
+            hooked, close = hooked_sync(lambda item: list(op(item)), self.hooks, generator=False)
+            return (lambda item: hooked(item) or ()), close
+        return hooked_sync(op, self.hooks, generator=self.kind is OpKind.GEN)
+
     def _finish(self) -> None:
+        self.exit_stage_hooks()
+        try:
+            outs = list(self.flush())
+        except Exception as exc:  # a custom aggregator's flush(): fail, never hang
+            exc.add_note(f"torch_spdl: raised by flush() at the end of stage {self.name!r}")
+            self.fail(exc)
+            outs = []
         try:
             counters = self.new_counters()
-            for item in self.flush():  # a partial batch goes out even before a source error
+            for item in outs:  # a partial batch goes out even before a source error
                 self.outbox.put(item)
                 counters.num_out += 1
         except ChannelAborted:
             return
-        self.outbox.close(self.upstream_error())
+        self.outbox.close(self.end_error())
 
     # The hot path: a plain function, completion order, on our own thread.
     def _run_fast(self, counters: Any, get: Callable[[], Any], op: Callable[[Any], Any]) -> None:
@@ -166,9 +188,20 @@ class ThreadStage(OpStage):
             counters.op_time += clock() - t0
 
     # Everything else: an executor, or input order, or both.
-    def _run_general(self, counters: Any, index: int) -> None:
+    def _run_general(self, counters: Any, index: int) -> Callable[[], None] | None:
+        compute, close = self._compute_fn()
+        try:
+            self._loop_general(counters, index, compute)
+        except BaseException:
+            if close is not None:
+                close()
+            raise
+        return close
+
+    def _loop_general(
+        self, counters: Any, index: int, compute: Callable[[Any, list[Any]], None]
+    ) -> None:
         get, put, clock, ordered = self.inbox.get, self.outbox.put, time.perf_counter, self.ordered
-        compute = self._compute_fn()
         if self.tracer is not None:
             compute = self.tracer.wrap(self, index, compute, generator=False)
         gate = partial(self._gate, index) if self.auto else None
@@ -206,20 +239,35 @@ class ThreadStage(OpStage):
                     put(out)
                     counters.num_out += 1
 
-    def _compute_fn(self) -> Callable[[Any, list[Any]], None]:
-        """A function that appends the op's outputs for an item to a list."""
-        op, executor = self.op, self.executor
-        if executor is None and self.kind is OpKind.GEN:
-            return lambda item, outs: outs.extend(o for o in op(item) if o is not None)
+    def _compute_fn(self) -> tuple[Callable[[Any, list[Any]], None], Callable[[], None] | None]:
+        """A function that appends the op's outputs for an item to a list, and the closer of
+        the hooks' event loop (None without hooks)."""
+        op, executor, close = self.op, self.executor, None
         if executor is None:
-            return lambda item, outs: _append(outs, op(item))
+            if self.hooks:
+                op, close = self._hooked(op)
+            if self.kind is OpKind.GEN:
+                return (lambda item, outs: outs.extend(o for o in op(item) if o is not None)), close
+            return (lambda item, outs: _append(outs, op(item))), close
         if self.kind is OpKind.GEN:
             # A generator cannot cross a process boundary: run it to the end in the executor.
             task = partial(call_to_list, op)
-            return lambda item, outs: outs.extend(
-                o for o in executor.submit(task, item).result() if o is not None
-            )
-        return lambda item, outs: _append(outs, executor.submit(op, item).result())
+
+            def run(item: Any) -> Any:
+                return executor.submit(task, item).result()
+
+            if self.hooks:  # the whole call is one task
+                run, close = hooked_sync(run, self.hooks, generator=False)
+            return (
+                lambda item, outs: outs.extend(o for o in run(item) or () if o is not None)
+            ), close
+
+        def call(item: Any) -> Any:
+            return executor.submit(op, item).result()
+
+        if self.hooks:
+            call, close = hooked_sync(call, self.hooks, generator=False)
+        return (lambda item, outs: _append(outs, call(item))), close
 
     def _emit_in_order(self, seq: int, outs: Any, counters: Any) -> None:
         with self._emit_lock:
@@ -239,18 +287,19 @@ class ThreadStage(OpStage):
                     self._parking.wait()
 
     def on_stop(self) -> None:
+        self.unblock_workers()
+
+    def unblock_workers(self) -> None:
         self._release()
         for _ in range(max(self.workers, self._spawned)):  # free workers waiting for the window
             self._window.release()
 
     def _executor_broken(self, exc: BaseException) -> None:
-        failure = PipelineFailure(
-            f"stage {self.name!r}: its executor {self.executor!r} is broken "
-            f"(a worker process died?): {exc}",
-            stage=self.name,
+        exc.add_note(
+            f"torch_spdl: stage {self.name!r}: its executor {self.executor!r} is broken "
+            "(a worker process died?)"
         )
-        failure.__cause__ = exc
-        self.fail(failure)
+        self.fail(exc)
 
 
 def _append(outs: list[Any], out: Any) -> None:

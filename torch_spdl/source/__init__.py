@@ -1,5 +1,15 @@
-"""Sources: samplers that feed a pipeline (``spdl.source`` counterparts)."""
+"""Sources: samplers that feed a pipeline, and the shapes SPDL code expects of them
+(``spdl.source`` counterparts); ``torch_spdl.source.utils`` repeats and merges sources."""
 
+from . import utils as utils
+from ._deterministic import DistributedDeterministicSampler
 from ._distributed import DistributedRandomSampler, detect_rank_and_world_size
+from ._types import IterableWithShuffle, SizedIterable
 
-__all__ = ["DistributedRandomSampler", "detect_rank_and_world_size"]
+__all__ = [
+    "DistributedDeterministicSampler",
+    "DistributedRandomSampler",
+    "IterableWithShuffle",
+    "SizedIterable",
+    "detect_rank_and_world_size",
+]

@@ -1,0 +1,976 @@
+"""SPDL compatibility: code written for ``spdl.pipeline`` behaves the same here.
+
+Written from SPDL's documented behaviour (and the choices recorded in docs/spdl-compat.md
+where we differ on purpose), through the public API only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from fractions import Fraction
+
+import pytest
+from _sync import WAIT
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from torch_spdl.pipeline import (
+    PipelineBuilder,
+    PipelineFailure,
+    StageInfo,
+    TaskHook,
+    TaskPerfStats,
+    TaskStatsHook,
+)
+
+
+class Boom(Exception):
+    pass
+
+
+def _stage(pipeline, name):
+    return next(s for s in pipeline.get_stats() if s.name.endswith(name))
+
+
+def fail_when(pred):
+    def op(x):
+        if pred(x):
+            raise Boom(f"bad item {x}")
+        return x
+
+    return op
+
+
+# ---------------------------------------------------------------------------------------
+# 1. max_failures: a count or a Fraction rate; build-level across stages
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rate", [Fraction(0), Fraction(-1, 10), Fraction(11, 10)])
+def test_a_rate_out_of_range_is_a_value_error_at_build(rate):
+    builder = PipelineBuilder().add_source(range(3)).pipe(lambda x: x)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        builder.build(max_failures=rate)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        PipelineBuilder().add_source(range(3)).pipe(lambda x: x, max_failures=rate)
+
+
+def test_max_failures_of_another_type_is_a_type_error():
+    builder = PipelineBuilder().add_source(range(3)).pipe(lambda x: x)
+    with pytest.raises(TypeError, match="Fraction"):
+        builder.build(max_failures=0.1)
+
+
+def test_a_rate_under_the_limit_lets_the_run_complete():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(fail_when(lambda x: x % 20 == 0), name="five_percent")
+        .add_sink(0)
+        .build(max_failures=Fraction(1, 10))
+    )
+    assert list(pipeline) == [x for x in range(1000) if x % 20]
+    assert _stage(pipeline, "five_percent").num_failed == 50
+
+
+def test_a_fraction_is_a_rate_not_a_count():
+    # as a count, Fraction(1, 2) would allow no failure at all
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(300))
+        .pipe(fail_when(lambda x: x == 7))
+        .add_sink(0)
+        .build(max_failures=Fraction(1, 2))
+    )
+    assert len(list(pipeline)) == 299
+
+
+def test_a_rate_over_the_limit_fails_only_after_the_probation():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(itertools.count())  # infinite: only the rate can stop it
+        .pipe(fail_when(lambda x: x % 4 == 0), name="quarter")
+        .add_sink(2)
+        .build(max_failures=Fraction(1, 10))
+    )
+    with pytest.raises(PipelineFailure) as info:
+        for _ in pipeline:
+            pass
+    assert info.value.stage.endswith("quarter")
+    assert isinstance(info.value.__cause__, Boom)
+    assert _stage(pipeline, "quarter").num_in >= 100  # the probation: 100 items
+    assert any("max_failures=1/10" in note for note in info.value.__cause__.__notes__)
+
+
+def test_failures_during_the_probation_count_when_the_stage_ends():
+    # 30 failures in the first 30 items, then none: 30/200 > 1/10, found at the end
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(200))
+        .pipe(fail_when(lambda x: x < 30), name="early")
+        .add_sink(0)
+        .build(max_failures=Fraction(1, 10))
+    )
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in pipeline:
+            got.append(x)
+    assert got == list(range(30, 200))  # everything made is delivered first
+    assert "30 failures in 200 items" in str(info.value)
+
+
+def test_failures_during_the_probation_alone_do_not_trip_a_rate_met_overall():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(fail_when(lambda x: x < 10))
+        .add_sink(0)
+        .build(max_failures=Fraction(1, 50))  # 10/1000 = 1/100
+    )
+    assert list(pipeline) == list(range(10, 1000))
+
+
+def test_the_build_level_limit_counts_failures_across_stages():
+    def builder():
+        return (
+            PipelineBuilder()
+            .add_source(range(50))
+            .pipe(fail_when(lambda x: x in (3, 4)), name="a")
+            .pipe(fail_when(lambda x: x in (10, 11)), name="b")
+            .add_sink(0)
+        )
+
+    # 2 failures in each stage, 4 in all: over a build-level 3
+    with pytest.raises(PipelineFailure) as info:
+        list(builder().build(max_failures=3))
+    assert info.value.stage.endswith("b")
+    # the same limit given to each stage is met
+    per_stage = (
+        PipelineBuilder()
+        .add_source(range(50))
+        .pipe(fail_when(lambda x: x in (3, 4)), name="a", max_failures=3)
+        .pipe(fail_when(lambda x: x in (10, 11)), name="b", max_failures=3)
+        .add_sink(0)
+        .build(max_failures=0)
+    )
+    assert len(list(per_stage)) == 46
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    fails=st.lists(st.booleans(), min_size=1, max_size=300),
+    num=st.integers(1, 10),
+    den=st.integers(1, 10),
+)
+def test_a_rate_trips_exactly_when_the_final_rate_exceeds_it(fails, num, den):
+    # one worker, finite source: every failure is checked after the probation or at the end,
+    # so a run fails exactly when the rate at some check point exceeds the limit
+    rate = Fraction(min(num, den), den)
+    bad = {i for i, f in enumerate(fails) if f}
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(len(fails)))
+        .pipe(fail_when(lambda x: x in bad))
+        .add_sink(0)
+        .build(max_failures=rate)
+    )
+    probation = max(100, -(-rate.denominator // rate.numerator))
+    seen = 0
+    trips = False
+    for i in range(len(fails)):
+        if i in bad:
+            seen += 1
+            if i + 1 >= probation and Fraction(seen, i + 1) > rate:
+                trips = True
+                break
+    if not trips and len(fails) >= probation and Fraction(len(bad), len(fails)) > rate:
+        trips = True
+    if trips:
+        with pytest.raises(PipelineFailure):
+            list(pipeline)
+    else:
+        assert list(pipeline) == [x for x in range(len(fails)) if x not in bad]
+
+
+# ---------------------------------------------------------------------------------------
+# 2. when a failure reaches the consumer
+# ---------------------------------------------------------------------------------------
+def _fails_at(k):
+    """source -> fail on item k (no failure allowed) -> identity; one worker each."""
+    return (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .pipe(fail_when(lambda x: x == k), name="check")
+        .pipe(lambda x: x, name="after")
+        .add_sink(0)
+        .build(max_failures=0)
+    )
+
+
+def test_a_plain_loop_gets_every_item_made_then_the_failure():
+    pipeline = _fails_at(7)
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in pipeline:
+            got.append(x)
+    assert got == list(range(7))
+    assert info.value.stage.endswith("check")
+
+
+def test_inside_auto_stop_the_loop_ends_and_leaving_raises():
+    pipeline = _fails_at(7)
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        with pipeline.auto_stop():
+            for x in pipeline:
+                got.append(x)
+            assert got == list(range(7))  # the loop ended quietly
+            with pytest.raises(EOFError):
+                pipeline.get_item(timeout=WAIT)
+    assert isinstance(info.value.__cause__, Boom)
+    for _ in range(2):  # again on every later call
+        with pytest.raises(PipelineFailure):
+            pipeline.stop()
+
+
+def test_explicit_start_and_stop_follow_spdl():
+    pipeline = _fails_at(3)
+    pipeline.start()
+    got = [pipeline.get_item(timeout=WAIT) for _ in range(3)]
+    assert got == [0, 1, 2]
+    with pytest.raises(EOFError):
+        pipeline.get_item(timeout=WAIT)
+    with pytest.raises(PipelineFailure):
+        pipeline.stop()
+
+
+def test_an_error_in_the_auto_stop_block_is_not_masked():
+    pipeline = _fails_at(3)
+    with pytest.raises(KeyError):
+        with pipeline.auto_stop():
+            list(pipeline)
+            raise KeyError("mine")
+    with pytest.raises(PipelineFailure):  # still readable
+        pipeline.stop()
+
+
+def test_stop_before_start_is_a_no_op():
+    pipeline = _fails_at(3)
+    pipeline.stop()
+    pipeline.stop()
+
+
+def test_a_successful_pipeline_stops_quietly():
+    pipeline = PipelineBuilder().add_source(range(5)).pipe(lambda x: x).build()
+    with pipeline.auto_stop(timeout=WAIT):
+        assert list(pipeline) == list(range(5))
+    pipeline.stop(timeout=WAIT)
+
+
+# ---------------------------------------------------------------------------------------
+# 4. PipelineFailure's shape, source failures
+# ---------------------------------------------------------------------------------------
+def test_pipeline_failure_is_an_exception_group_of_the_stage_errors():
+    pipeline = _fails_at(2)
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    failure = info.value
+    assert isinstance(failure, ExceptionGroup)
+    assert isinstance(failure, RuntimeError)  # what torch_spdl code caught before
+    assert failure.message == "pipeline stages failed"
+    (error,) = failure.exceptions
+    assert isinstance(error, Boom) and failure.__cause__ is error
+    assert any("'1:check'" in n and "item 2" in n for n in error.__notes__)
+    assert "1:check" in str(failure) and "bad item 2" in str(failure)
+    sub = failure.subgroup(Boom)
+    assert isinstance(sub, PipelineFailure) and sub.stage == "1:check"
+    assert failure.subgroup(KeyError) is None
+
+
+def test_except_star_catches_the_stage_error():
+    caught = []
+    try:
+        list(_fails_at(2))
+    except* Boom as group:
+        caught.extend(group.exceptions)
+    assert len(caught) == 1
+
+
+def _broken_source():
+    yield from range(4)
+    raise Boom("the source broke")
+
+
+@pytest.mark.parametrize("stage", ["sync", "none"])
+def test_a_failing_source_is_part_of_the_failure_after_its_items(stage):
+    builder = PipelineBuilder().add_source(_broken_source())
+    if stage == "sync":
+        builder.pipe(lambda x: x * 10)
+    pipeline = builder.add_sink(0).build()
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in pipeline:
+            got.append(x)
+    factor = 10 if stage == "sync" else 1
+    assert got == [factor * i for i in range(4)]
+    assert info.value.stages == ("source",)
+    assert any("source" in n for n in info.value.exceptions[0].__notes__)
+
+
+def test_errors_of_several_stages_are_all_in_the_group():
+    b_failed = threading.Event()
+
+    def a(x):
+        if x == 3:
+            b_failed.wait(WAIT)
+            raise Boom("a")
+        return x
+
+    def b(x):
+        if x == 1:
+            b_failed.set()
+            raise Boom("b")
+        return x
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .pipe(a, name="a", max_failures=0)
+        .pipe(b, name="b", max_failures=0)
+        .add_sink(0)
+        .build()
+    )
+    with pytest.raises(PipelineFailure) as info:
+        with pipeline.auto_stop():
+            assert list(pipeline) == [0]
+    assert sorted(info.value.stages) == ["1:a", "2:b"]
+    assert {str(e) for e in info.value.exceptions} == {"a", "b"}
+
+
+def test_pipeline_failure_pickles():
+    with pytest.raises(PipelineFailure) as info:
+        list(_fails_at(2))
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert isinstance(copy, PipelineFailure)
+    assert (copy.stage, copy.num_failures, copy.message) == ("1:check", 1, info.value.message)
+    assert str(copy.exceptions[0]) == "bad item 2"
+
+
+# ---------------------------------------------------------------------------------------
+# 3. task hooks
+# ---------------------------------------------------------------------------------------
+class Recorder(TaskHook):
+    """Records the stage's enter/exit and every task's input and outcome."""
+
+    def __init__(self, info, fail_on=None):
+        self.info = info
+        self.events = []
+        self.fail_on = fail_on
+
+    @asynccontextmanager
+    async def stage_hook(self):
+        self.events.append("enter")
+        yield
+        self.events.append("exit")
+
+    @asynccontextmanager
+    async def task_hook(self, input_item=None):
+        if input_item == self.fail_on:
+            raise Boom(f"hook refused {input_item}")
+        try:
+            yield
+        except StopAsyncIteration:
+            raise
+        except Exception:
+            self.events.append(("failed", input_item))
+            raise
+        self.events.append(("ok", input_item))
+
+
+def _recording(**kwargs):
+    hooks = {}
+
+    def factory(info):
+        assert isinstance(info, StageInfo)
+        hooks[info.name] = Recorder(info, **kwargs)
+        return [hooks[info.name]]
+
+    return hooks, factory
+
+
+async def _adouble(x):
+    return 2 * x
+
+
+def _gen2(x):
+    yield x
+    yield -x
+
+
+async def _agen2(x):
+    yield x
+    yield -x
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "executor", "ordered"])
+def test_task_hooks_wrap_every_item_and_stage_hooks_the_stage(kind):
+    hooks, factory = _recording()
+    builder = PipelineBuilder().add_source(range(6))
+    if kind == "sync":
+        builder.pipe(lambda x: 2 * x, name="op", concurrency=2)
+    elif kind == "async":
+        builder.pipe(_adouble, name="op", concurrency=2)
+    elif kind == "executor":
+        pool = ThreadPoolExecutor(max_workers=2)
+        builder.pipe(lambda x: 2 * x, name="op", concurrency=2, executor=pool)
+    else:
+        builder.pipe(lambda x: 2 * x, name="op", concurrency=2, output_order="input")
+    pipeline = builder.add_sink(0).build(task_hook_factory=factory)
+    try:
+        assert sorted(pipeline) == [2 * x for x in range(6)]
+    finally:
+        if kind == "executor":
+            pool.shutdown()
+    (events,) = [h.events for h in hooks.values()]
+    assert events[0] == "enter" and events[-1] == "exit"
+    assert sorted(e[1] for e in events[1:-1]) == list(range(6))
+    assert {e[0] for e in events[1:-1]} == {"ok"}
+
+
+@pytest.mark.parametrize("op", [_gen2, _agen2])
+def test_a_generator_op_is_one_task_per_step(op):
+    stats = {}
+
+    def factory(info):
+        stats[info.name] = TaskStatsHook(info)
+        return [stats[info.name]]
+
+    pipeline = PipelineBuilder().add_source(range(3)).pipe(op).add_sink(0)
+    assert sorted(pipeline.build(task_hook_factory=factory)) == [-2, -1, 0, 0, 1, 2]
+    (hook,) = stats.values()
+    assert (hook.num_tasks, hook.num_success) == (6, 6)  # the end of a generator is no task
+
+
+def test_aggregate_is_one_task_per_item_and_every_stage_gets_hooks():
+    stats = {}
+
+    def factory(info):
+        stats[info.name] = TaskStatsHook(info)
+        return [stats[info.name]]
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(5))
+        .pipe(lambda x: x, name="id")
+        .aggregate(2)
+        .disaggregate()
+        .add_sink(0)
+        .build(task_hook_factory=factory, stage_id=7)
+    )
+    assert sorted(pipeline) == list(range(5))
+    assert list(stats) == ["1:id", "2:aggregate(2)", "3:disaggregate"]
+    assert [stats[n].num_tasks for n in stats] == [5, 5, 5]
+    assert stats["1:id"].info.stage_id == 7 and stats["1:id"].info.index == 1
+
+
+def test_task_stats_hook_counts_failures():
+    stats = []
+
+    def factory(info):
+        stats.append(TaskStatsHook(info))
+        return stats[-1:]
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .pipe(fail_when(lambda x: x % 5 == 0))
+        .add_sink(0)
+        .build(task_hook_factory=factory)
+    )
+    assert len(list(pipeline)) == 8
+    perf = stats[0].stats()
+    assert isinstance(perf, TaskPerfStats)
+    assert (perf.num_tasks, perf.num_failures) == (10, 2)
+    assert perf.ave_time >= 0
+
+
+def test_a_task_hook_error_drops_the_item_only():
+    hooks, factory = _recording(fail_on=3)
+    pipeline = (
+        PipelineBuilder().add_source(range(6)).pipe(lambda x: x, name="op").add_sink(0)
+    ).build(task_hook_factory=factory)
+    assert list(pipeline) == [0, 1, 2, 4, 5]
+    assert _stage(pipeline, "op").num_failed == 1
+
+
+class _BadStageHook(TaskHook):
+    @asynccontextmanager
+    async def stage_hook(self):
+        raise Boom("stage hook broke")
+        yield
+
+    @asynccontextmanager
+    async def task_hook(self, input_item=None):
+        yield
+
+
+def test_a_stage_hook_error_fails_the_pipeline():
+    pipeline = (
+        PipelineBuilder().add_source(range(6)).pipe(lambda x: x, name="op").add_sink(0)
+    ).build(task_hook_factory=lambda info: [_BadStageHook()])
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert info.value.stage == "1:op"
+    assert info.group_contains(Boom, match="stage hook broke")
+
+
+class _NotAsync(TaskHook):
+    def task_hook(self, input_item=None):  # a plain method, not an async context manager
+        return None
+
+
+def test_a_hook_that_is_not_an_async_context_manager_is_rejected_at_build():
+    builder = PipelineBuilder().add_source(range(3)).pipe(lambda x: x, name="op")
+    with pytest.raises(ValueError, match="'1:op'.*asynccontextmanager"):
+        builder.build(task_hook_factory=lambda info: [_NotAsync()])
+
+
+@pytest.mark.parametrize("op", [fail_when(lambda x: x == 5), "async"])
+def test_an_input_order_stage_that_fails_delivers_in_order_and_ends(op):
+    if op == "async":
+
+        async def op(x):
+            if x == 5:
+                raise Boom("bad item 5")
+            return x
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(100))
+        .pipe(op, concurrency=3, output_order="input", max_failures=0, name="ordered")
+        .add_sink(0)
+        .build()
+    )
+    got = []
+    with pytest.raises(PipelineFailure):
+        for x in pipeline:
+            got.append(x)
+    expected = [x for x in range(100) if x != 5]
+    assert got[:5] == [0, 1, 2, 3, 4] and got == expected[: len(got)]
+
+
+# ---------------------------------------------------------------------------------------
+# 8. torch_spdl.pipeline.defs
+# ---------------------------------------------------------------------------------------
+def _triple(x):
+    return 3 * x
+
+
+def test_a_pipeline_declared_with_defs_builds_like_the_builder():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import (
+        Aggregate,
+        Disaggregate,
+        Pipe,
+        PipelineConfig,
+        SinkConfig,
+        SourceConfig,
+    )
+
+    config = PipelineConfig(
+        src=SourceConfig(range(10)),
+        pipes=[
+            Pipe(_triple, concurrency=2, output_order="input", name="triple"),
+            Aggregate(4),
+            Pipe(sum),
+            Aggregate(2, drop_last=True),
+            Disaggregate(),
+        ],
+        sink=SinkConfig(5),
+    )
+    pipeline = build_pipeline(config, num_threads=2, max_failures=Fraction(1, 2))
+    assert list(pipeline) == [18, 66]
+    assert [s.name for s in pipeline.get_stats()][1] == "1:triple"
+    assert pickle.loads(pickle.dumps(config)) == config
+
+
+def test_defs_check_what_they_declare():
+    from torch_spdl.pipeline.defs import Aggregate, Pipe, PipelineConfig, SinkConfig, SourceConfig
+
+    with pytest.raises(ValueError, match="concurrency"):
+        Pipe(_triple, concurrency=0)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        Pipe(_triple, max_failures=Fraction(2))
+    with pytest.raises(ValueError, match="positive int"):
+        Aggregate(0)
+    with pytest.raises(TypeError, match="iterable"):
+        SourceConfig(3)
+    with pytest.raises(ValueError, match="buffer_size"):
+        SinkConfig(-1)
+    with pytest.raises(TypeError, match="Pipe, Aggregate or Disaggregate"):
+        PipelineConfig(SourceConfig([]), [_triple])
+
+
+def test_execution_regions_say_they_are_not_available():
+    from torch_spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig
+
+    with pytest.raises(NotImplementedError, match="not available yet"):
+        ProcessPoolExecutorConfig(num_workers=2)
+    with pytest.raises(NotImplementedError, match="executor=ProcessPoolExecutor"):
+        MAIN_PROCESS()
+
+
+def test_a_builder_pickles_and_builds_the_same_after():
+    builder = PipelineBuilder().add_source(range(5)).pipe(_triple).aggregate(2).add_sink(4)
+    copy = pickle.loads(pickle.dumps(builder))
+    assert list(copy.build()) == list(builder.build()) == [[0, 3], [6, 9], [12]]
+
+
+# ---------------------------------------------------------------------------------------
+# 8. torch_spdl.source
+# ---------------------------------------------------------------------------------------
+class _Shuffled:
+    def __init__(self, n):
+        self.items = list(range(n))
+        self.seeds = []
+
+    def shuffle(self, seed):
+        self.seeds.append(seed)
+        random.Random(seed).shuffle(self.items)
+
+    def __iter__(self):
+        return iter(list(self.items))
+
+    def __len__(self):
+        return len(self.items)
+
+
+def test_source_protocols_fit_any_object_with_the_methods():
+    from torch_spdl.source import DistributedRandomSampler, IterableWithShuffle, SizedIterable
+
+    assert isinstance(_Shuffled(3), IterableWithShuffle)
+    assert isinstance(_Shuffled(3), SizedIterable)
+    assert isinstance([1, 2], SizedIterable) and not isinstance([1, 2], IterableWithShuffle)
+    assert isinstance(DistributedRandomSampler(8, rank=0, world_size=1), SizedIterable)
+
+
+def test_repeat_source_reshuffles_every_epoch_from_its_number():
+    from torch_spdl.source.utils import repeat_source
+
+    src = _Shuffled(4)
+    got = list(itertools.islice(repeat_source(src, epoch=5), 12))
+    assert src.seeds == [5, 6, 7]
+    assert all(sorted(got[i : i + 4]) == [0, 1, 2, 3] for i in (0, 4, 8))
+    assert list(itertools.islice(repeat_source([1, 2]), 5)) == [1, 2, 1, 2, 1]
+
+
+def test_merge_iterator_takes_turns_and_stops_as_asked():
+    from torch_spdl.source.utils import MergeIterator
+
+    its = [[0, 1, 2], [10, 11], [20, 21, 22]]
+    assert list(MergeIterator(its)) == [0, 10, 20, 1, 11, 21, 2, 22]
+    assert list(MergeIterator(its, stop_after=-1)) == [0, 10, 20, 1, 11, 21, 2]
+    assert list(MergeIterator(its, stop_after=5)) == [0, 10, 20, 1, 11]
+    with pytest.raises(ValueError):
+        MergeIterator([])
+    with pytest.raises(ValueError, match="weights"):
+        MergeIterator(its, weights=[1, 0, 1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 20), min_size=1, max_size=4),
+    seed=st.integers(0, 100),
+    data=st.data(),
+)
+def test_weighted_merge_yields_every_item_once_in_each_sources_order(sizes, seed, data):
+    from torch_spdl.source.utils import MergeIterator
+
+    weights = data.draw(st.lists(st.floats(0.1, 10), min_size=len(sizes), max_size=len(sizes)))
+    its = [[(k, i) for i in range(n)] for k, n in enumerate(sizes)]
+    got = list(MergeIterator(its, weights=weights, seed=seed))
+    assert sorted(got) == sorted(x for it in its for x in it)
+    for k in range(len(sizes)):
+        assert [x for x in got if x[0] == k] == its[k]
+    assert got == list(MergeIterator(its, weights=weights, seed=seed))  # reproducible
+
+
+# ---------------------------------------------------------------------------------------
+# 7. an async op that cannot be called fails the stage
+# ---------------------------------------------------------------------------------------
+async def _two_args(x, y):
+    return x + y
+
+
+async def _two_args_gen(x, y):
+    yield x + y
+
+
+@pytest.mark.parametrize("op", [_two_args, _two_args_gen])
+@pytest.mark.parametrize("order", ["completion", "input"])
+@pytest.mark.parametrize("hooked", [False, True])
+def test_an_async_op_that_raises_on_being_called_fails_the_stage(op, order, hooked):
+    if op is _two_args_gen and order == "input":
+        order = "completion"  # an async generator streams its outputs
+    factory = (lambda info: [TaskStatsHook(info)]) if hooked else None
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .pipe(op, name="wrong", concurrency=2, output_order=order)
+        .add_sink(0)
+        .build(task_hook_factory=factory)  # no max_failures: it is not an item's failure
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert info.value.stage == "1:wrong"
+    error = info.value.__cause__
+    assert isinstance(error, TypeError)
+    assert any("exactly one argument" in note for note in error.__notes__)
+
+
+def test_get_item_after_stop_returns_what_is_buffered_then_eof():
+    made = threading.Event()
+
+    def source():
+        yield from range(5)
+        made.set()  # runs once the last item is in the sink
+
+    pipeline = PipelineBuilder().add_source(source()).add_sink(10).build()
+    pipeline.start()
+    assert made.wait(WAIT)
+    pipeline.stop()
+    assert [pipeline.get_item(timeout=WAIT) for _ in range(5)] == list(range(5))
+    with pytest.raises(EOFError):
+        pipeline.get_item(timeout=WAIT)
+
+
+# ---------------------------------------------------------------------------------------
+# 7. aggregate(Aggregator)
+# ---------------------------------------------------------------------------------------
+def _joiner():
+    from torch_spdl.pipeline.defs import Aggregator
+
+    class Joiner(Aggregator):
+        """Joins strings until they reach 5 characters."""
+
+        def __init__(self):
+            self.parts = []
+
+        def accumulate(self, item):
+            if item == "bad":
+                raise Boom("cannot take 'bad'")
+            self.parts.append(item)
+            if sum(map(len, self.parts)) >= 5:
+                out, self.parts = "".join(self.parts), []
+                return out
+            return None
+
+        def flush(self):
+            out, self.parts = "".join(self.parts), []
+            return out or None
+
+    return Joiner()
+
+
+WORDS = ["ab", "cde", "f", "ghij", "k", "bad", "l"]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_custom_aggregator_decides_the_groups(drop_last):
+    builder = PipelineBuilder().add_source(WORDS).aggregate(_joiner(), drop_last=drop_last)
+    builder.add_sink(0)
+    expected = ["abcde", "fghij"] + ([] if drop_last else ["kl"])
+    for _ in range(2):  # each build works on its own copy of the aggregator
+        pipeline = builder.build()
+        assert list(pipeline) == expected
+        assert _stage(pipeline, "aggregate(Joiner)").num_failed == 1  # 'bad' is dropped
+
+
+def test_collate_and_aggregate_of_an_int_are_the_same():
+    from torch_spdl.pipeline.defs import Aggregate, Collate, PipelineConfig, SourceConfig
+
+    config = PipelineConfig(SourceConfig(range(7)), [Aggregate(Collate(3))])
+    from torch_spdl.pipeline import build_pipeline
+
+    expected = [[0, 1, 2], [3, 4, 5], [6]]
+    assert list(build_pipeline(config)) == expected
+    assert list(PipelineBuilder().add_source(range(7)).aggregate(3).build()) == expected
+
+
+def test_an_aggregator_whose_flush_raises_fails_the_pipeline_after_its_groups():
+    from torch_spdl.pipeline.defs import Collate
+
+    class BadFlush(Collate):
+        def flush(self):
+            raise Boom("flush broke")
+
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in PipelineBuilder().add_source(range(5)).aggregate(BadFlush(2)).build():
+            got.append(x)
+    assert got == [[0, 1], [2, 3]]
+    assert info.group_contains(Boom, match="flush broke")
+
+
+# ---------------------------------------------------------------------------------------
+# 5. run_pipeline_in_subprocess takes a PipelineConfig
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pool", [None, "thread", "process"])
+def test_run_pipeline_in_subprocess_takes_a_config_with_its_pools(pool):
+    from concurrent.futures import ProcessPoolExecutor
+
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+    from torch_spdl.pipeline.defs import Aggregate, Pipe, PipelineConfig, SourceConfig
+
+    executor = {
+        None: None,
+        "thread": ThreadPoolExecutor(max_workers=2),
+        "process": ProcessPoolExecutor(max_workers=1),
+    }[pool]
+    try:
+        config = PipelineConfig(
+            SourceConfig(range(6)),
+            [Pipe(_triple, executor=executor, concurrency=2, output_order="input"), Aggregate(4)],
+        )
+        result = run_pipeline_in_subprocess(config, num_threads=2)
+        assert list(result) == [[0, 3, 6, 9], [12, 15]]
+        assert list(result) == [[0, 3, 6, 9], [12, 15]]  # iterated again: a fresh run
+    finally:
+        if executor is not None:
+            executor.shutdown()
+
+
+def test_run_pipeline_in_subprocess_still_takes_a_builder_with_a_warning():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    builder = PipelineBuilder().add_source(range(4)).pipe(_triple)
+    with pytest.warns(DeprecationWarning, match="get_config"):
+        result = run_pipeline_in_subprocess(builder)
+    assert list(result) == [0, 3, 6, 9]
+
+
+# ---------------------------------------------------------------------------------------
+# 8. small names
+# ---------------------------------------------------------------------------------------
+def test_create_task_logs_a_failure_nobody_awaits(caplog):
+    import asyncio
+
+    from torch_spdl.pipeline import create_task
+
+    async def broken():
+        raise Boom("lost otherwise")
+
+    async def main():
+        task = create_task(broken(), name="bg")
+        await asyncio.wait([task])
+        return task
+
+    task = asyncio.run(main())
+    assert isinstance(task.exception(), Boom)
+    assert any("'bg' failed" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("name", ["iterate_in_subinterpreter", "run_pipeline_in_subinterpreter"])
+def test_subinterpreter_entry_points_say_what_they_need(name):
+    import sys
+
+    import torch_spdl.pipeline as tp
+
+    expected = RuntimeError if sys.version_info < (3, 14) else NotImplementedError
+    with pytest.raises(expected, match="subprocess"):
+        getattr(tp, name)(lambda: iter(()))
+
+
+# ---------------------------------------------------------------------------------------
+# 8. background tasks
+# ---------------------------------------------------------------------------------------
+def test_a_background_task_lives_from_start_to_stop():
+    import asyncio
+
+    from torch_spdl.pipeline import BackgroundTask
+
+    started, cancelled = threading.Event(), threading.Event()
+
+    class Monitor(BackgroundTask):
+        async def run(self):
+            started.set()
+            try:
+                await asyncio.get_running_loop().create_future()  # forever
+            finally:
+                cancelled.set()
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(5))
+        .pipe(lambda x: x)  # sync only: the loop exists for the background task alone
+        .add_sink(0)
+        .build(background_tasks=[Monitor])
+    )
+    with pipeline.auto_stop():
+        assert started.wait(WAIT)
+        assert list(pipeline) == list(range(5))
+        assert not cancelled.is_set()
+    assert cancelled.is_set()
+
+
+def test_a_failing_background_task_is_logged_and_the_pipeline_goes_on(caplog):
+    from torch_spdl.pipeline import BackgroundTask
+
+    class Broken(BackgroundTask):
+        async def run(self):
+            raise Boom("monitor broke")
+
+    pipeline = PipelineBuilder().add_source(range(5)).pipe(_adouble).add_sink(0)
+    with pipeline.build(background_tasks=[Broken]).auto_stop() as running:
+        assert list(running) == [0, 2, 4, 6, 8]
+    assert any("monitor broke" in r.getMessage() for r in caplog.records)
+
+
+@given(n=st.integers(0, 50), world=st.integers(1, 5))
+def test_deterministic_sampler_ranks_cover_the_indices_once_in_order(n, world):
+    from torch_spdl.source import DistributedDeterministicSampler
+
+    shares = [
+        list(DistributedDeterministicSampler(n, rank=r, world_size=world)) for r in range(world)
+    ]
+    assert sorted(x for share in shares for x in share) == list(range(n))
+    for r, share in enumerate(shares):
+        assert share == list(range(r, n, world))
+        sampler = DistributedDeterministicSampler(n, rank=r, world_size=world)
+        assert list(sampler) == list(sampler) and len(sampler) == len(share)
+
+
+def test_embed_shuffle_reshuffles_on_every_iteration():
+    from torch_spdl.source.utils import embed_shuffle
+
+    src = _Shuffled(6)
+    shuffled = embed_shuffle(src, epoch=3)
+    first, second = list(shuffled), list(shuffled)
+    assert src.seeds == [3, 4]
+    assert sorted(first) == sorted(second) == list(range(6)) and len(shuffled) == 6
+    with pytest.raises(TypeError, match="shuffle"):
+        embed_shuffle([1, 2])
+
+
+@settings(max_examples=10, deadline=None)
+@given(n=st.integers(0, 300), concurrency=st.integers(1, 6), period=st.integers(2, 9))
+def test_task_stats_hook_counts_every_task_with_many_workers(n, concurrency, period):
+    hooks = []
+
+    def factory(info):
+        hooks.append(TaskStatsHook(info))
+        return hooks[-1:]
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(n))
+        .pipe(fail_when(lambda x: x % period == 0), concurrency=concurrency)
+        .add_sink(0)
+        .build(task_hook_factory=factory)
+    )
+    assert len(list(pipeline)) == n - len(range(0, n, period))
+    perf = hooks[0].stats()
+    assert (perf.num_tasks, perf.num_failures) == (n, len(range(0, n, period)))

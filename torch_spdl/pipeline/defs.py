@@ -1,0 +1,182 @@
+"""SPDL's declarative building blocks: describe a pipeline as data, then ``build_pipeline``.
+
+Code written for ``spdl.pipeline.defs`` builds a :class:`PipelineConfig` from a
+:class:`SourceConfig`, a list of stages made by :func:`Pipe`, :func:`Aggregate` and
+:func:`Disaggregate`, and a :class:`SinkConfig`, and passes it to
+:func:`torch_spdl.pipeline.build_pipeline`. These are thin declarations over the ones
+:class:`~torch_spdl.pipeline.PipelineBuilder` records (the stage configs are the same
+classes), so both ways of declaring share one validation and one build.
+
+Execution regions (``ProcessPoolExecutorConfig``, ``MAIN_PROCESS``) are not available yet:
+they raise ``NotImplementedError`` when used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Iterable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._aggregate import Aggregator, Collate
+from ._builder import (
+    AggregateConfig,
+    DisaggregateConfig,
+    PipeConfig,
+    PipelineBuilder,
+    aggregate_config,
+)
+from ._builder import PipelineConfig as _BuilderConfig
+from ._failures import MaxFailures
+
+__all__ = [
+    "MAIN_PROCESS",
+    "Aggregate",
+    "AggregateConfig",
+    "Aggregator",
+    "Collate",
+    "Disaggregate",
+    "DisaggregateConfig",
+    "Pipe",
+    "PipeConfig",
+    "PipelineConfig",
+    "ProcessPoolExecutorConfig",
+    "SinkConfig",
+    "SourceConfig",
+]
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """The source of a pipeline: an iterable or an async iterable.
+
+    Args:
+        source: what feeds the pipeline (see ``PipelineBuilder.add_source``).
+    """
+
+    source: Iterable[Any] | AsyncIterable[Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, (Iterable, AsyncIterable)):
+            raise TypeError(f"the source must be iterable or async iterable, got {self.source!r}")
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """The output buffer the consumer reads from.
+
+    Args:
+        buffer_size: how many items it holds (0: unbounded); see ``add_sink``.
+    """
+
+    buffer_size: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.buffer_size, int) or self.buffer_size < 0:
+            raise ValueError(f"buffer_size must be a non-negative int, got {self.buffer_size!r}")
+
+
+StageDef = PipeConfig | AggregateConfig | DisaggregateConfig
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """A whole pipeline as data: what :func:`~torch_spdl.pipeline.build_pipeline` takes.
+
+    Args:
+        src: the source.
+        pipes: the stages, in order (from :func:`Pipe`, :func:`Aggregate`,
+            :func:`Disaggregate`).
+        sink: the output buffer (default ``SinkConfig(3)``).
+    """
+
+    src: SourceConfig
+    pipes: Sequence[StageDef] = field(default_factory=list)
+    sink: SinkConfig = field(default_factory=SinkConfig)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.src, SourceConfig):
+            raise TypeError(f"src must be a SourceConfig, got {self.src!r}")
+        for stage in self.pipes:
+            if not isinstance(stage, (PipeConfig, AggregateConfig, DisaggregateConfig)):
+                raise TypeError(
+                    f"pipes must hold stages made by Pipe, Aggregate or Disaggregate, got {stage!r}"
+                )
+
+    def _to_builder_config(self) -> _BuilderConfig:
+        return _BuilderConfig(self.src.source, list(self.pipes), self.sink.buffer_size)
+
+
+def Pipe(  # noqa: N802 (SPDL's name)
+    op: Any,
+    /,
+    *,
+    concurrency: int | str = 1,
+    executor: Executor | None = None,
+    name: str | None = None,
+    output_order: str = "completion",
+    max_failures: MaxFailures | None = None,
+) -> PipeConfig:
+    """A ``pipe`` stage, as ``PipelineBuilder.pipe`` declares it (same checks).
+
+    Args:
+        op: the function, async function, generator or async generator to apply.
+        concurrency: how many items in flight (or ``"auto"``).
+        executor: a dedicated executor for a sync op.
+        name: the stage's name in stats and errors.
+        output_order: ``"completion"`` or ``"input"``.
+        max_failures: this stage's own failure limit (a count or a ``Fraction`` rate).
+    """
+    builder = PipelineBuilder().add_source(())
+    builder.pipe(
+        op,
+        concurrency=concurrency,  # type: ignore[arg-type]
+        executor=executor,
+        name=name,
+        output_order=output_order,  # type: ignore[arg-type]
+        max_failures=max_failures,
+    )
+    (stage,) = builder.get_config().stages
+    assert isinstance(stage, PipeConfig)
+    return stage
+
+
+def Aggregate(  # noqa: N802
+    input: int | Aggregator, /, *, drop_last: bool = False
+) -> AggregateConfig:
+    """Group the items (see ``PipelineBuilder.aggregate``).
+
+    Args:
+        input: the size of each list, or an :class:`Aggregator` that decides the groups.
+        drop_last: drop the shorter last list (for an aggregator: skip ``flush()``).
+    """
+    return aggregate_config(input, drop_last)
+
+
+def Disaggregate() -> DisaggregateConfig:  # noqa: N802
+    """Split each incoming list into separate items (see ``PipelineBuilder.disaggregate``)."""
+    return DisaggregateConfig()
+
+
+class _NotYet:
+    """A name SPDL code imports whose feature is not built yet: using it says so."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _fail(self) -> None:
+        raise NotImplementedError(
+            f"torch_spdl.pipeline.defs.{self._name}: execution regions (running a run of "
+            "stages in worker processes) are not available yet in torch_spdl; pass "
+            "executor=ProcessPoolExecutor(...) to each pipe() instead"
+        )
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._fail()
+
+    def __repr__(self) -> str:
+        return f"<torch_spdl.pipeline.defs.{self._name}: not available yet>"
+
+
+ProcessPoolExecutorConfig: Any = _NotYet("ProcessPoolExecutorConfig")
+MAIN_PROCESS: Any = _NotYet("MAIN_PROCESS")
