@@ -466,8 +466,17 @@ class EpochIterator:
     def _get(self) -> Any:
         try:
             return self._pipeline.get_item(timeout=self._timeout)
-        except EOFError:
+        except EOFError:  # the end, or the stream a failure ended: stop() raises it
+            if self._gate is None or self._gate.choice is None:
+                self._pipeline.stop()
             raise StopIteration from None
+
+    def _stop_pipeline(self) -> None:
+        """Stop the pipeline; its failure, if any, was raised from ``next()`` already."""
+        try:
+            self._pipeline.stop()
+        except PipelineFailure:
+            pass
 
     def _switch(self) -> bool:
         """When ``worker_type="auto"`` chose another plan, the probing pipeline has ended:
@@ -477,7 +486,7 @@ class EpochIterator:
             return False
         self._gate = None
         self._record_tuning()
-        self._pipeline.stop()  # every thread of the probing pipeline is joined: fork-safe
+        self._stop_pipeline()  # every thread of the probing pipeline is joined: fork-safe
         rest: Iterator[tuple[int, list[Any]]] = iter(sorted(gate.deferred))
         if gate.next_batch is not None:
             rest = itertools.chain(rest, self._batches(gate.next_batch))
@@ -534,7 +543,7 @@ class EpochIterator:
             self._workers = None
         if self._iterable is not None:
             self._iterable.close()
-        self._pipeline.stop()
+        self._stop_pipeline()
         probe = self._probe
         if probe is not None and not probe.done and loader.worker_choice is None:
             # An epoch too short to decide in: decide for the next one from what it saw.
