@@ -217,6 +217,32 @@ class Runner:
         )
 
 
+def interleave(specs: list[Spec], repeats: int) -> list[Spec]:
+    """The order of the runs: every configuration once, then again, ``repeats`` times, in
+    reverse on odd rounds (so a pair's two sides take turns going first, and a burst of load
+    from elsewhere on the machine spreads over every configuration)."""
+    return [s for r in range(repeats) for s in (specs if r % 2 == 0 else specs[::-1])]
+
+
+def measure_all(specs: list[Spec], repeats: int, desc: str = "benchmark runs") -> list[Result]:
+    """Every spec ``repeats`` times in ``interleave`` order, each in a fresh process, with a
+    progress bar; a spec that fails once is not run again and keeps its error."""
+    from tqdm import tqdm
+
+    results = {s: Result(s) for s in specs}
+    runner = Runner()
+    for spec in tqdm(interleave(specs, repeats), desc=desc, unit="run", dynamic_ncols=True):
+        result = results[spec]
+        if result.error:
+            continue
+        try:
+            result.runs.append(runner.run(spec))
+        except Exception as exc:  # keep going: the report names what failed
+            result.error = str(exc)
+            tqdm.write(f"FAILED: {exc}")
+    return list(results.values())
+
+
 def _version(module: str) -> str:
     try:
         return str(importlib.import_module(module).__version__)
