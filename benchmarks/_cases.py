@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import swap
 from _measure import CpuMeter
 from dataloader import (
     LARGE_KNOBS,
@@ -104,8 +105,6 @@ def decode(impl: str, root: str, batch: int) -> dict:
 
 def swap_cell(**kwargs: Any) -> dict:
     """One run of ``swap.py``'s script: the same loop with torch's DataLoader or ours."""
-    import swap
-
     return swap.run_cell(**kwargs)
 
 

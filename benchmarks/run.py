@@ -1,10 +1,12 @@
 """The benchmark report: torch_spdl against torch's DataLoader, in one run.
 
-    .venv/bin/python benchmarks/run.py --quick      # about 2 minutes on 2 quiet cores
-    .venv/bin/python benchmarks/run.py              # the full sweep (about 5 minutes on 2 cores)
+    .venv/bin/python benchmarks/run.py --quick      # about 1.5 minutes on 2 quiet cores
+    .venv/bin/python benchmarks/run.py              # the full sweep (about 15 minutes on 2 cores)
 
 Runs the cases of ``engine.py``, ``dataloader.py`` and ``image_decode.py`` side by side with
-torch's DataLoader, sweeping concurrency (1, 2, 4, 8) and batch size (32, 128, 512), each
+torch's DataLoader, sweeping concurrency (1, 2, 4, 8) and batch size (32, 128, 512), and
+``swap.py``'s cells (the same script with either DataLoader; quick mode: 2 workers only,
+smaller datasets, no process-worker row for the numpy cell), each
 configuration ``--repeats`` times in a fresh process (see ``_measure.py`` for what is
 measured and how), and writes ``REPORT.md`` with tables (median and min-max) and PNG plots
 to ``--out`` (default ``benchmarks/report/``). A progress bar shows the runs.

@@ -470,6 +470,8 @@ def _ratio_panel(ax: Any, table: list, metric: str, workers: list[int], names: l
             label = None
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_yscale("log", base=2)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(min(lo, 0.5), max(hi, 2.0))
     ax.yaxis.set_major_locator(
         mticker.FixedLocator([2.0**k for k in range(-5, 6)] + [0.75, 1.5, 3])
     )
