@@ -178,10 +178,11 @@ def _child_main(fn_name: str, kwargs: dict[str, Any], conn: Connection) -> None:
 class Runner:
     """Starts runs in fresh processes from a forkserver with torch already imported."""
 
-    def __init__(self, timeout: float = 600.0) -> None:
+    def __init__(self, timeout: float = 600.0, sample_s: float = 0.05) -> None:
         self.ctx = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload([*PRELOAD, "dataloader", "_cases"])
         self.timeout = timeout
+        self.sample_s = sample_s  # PSS sampling interval (reading smaps_rollup costs CPU)
 
     def run(self, spec: Spec) -> Sample:
         reader, writer = self.ctx.Pipe(duplex=False)
@@ -189,7 +190,7 @@ class Runner:
         proc.start()
         writer.close()
         try:
-            with PeakMemory(proc.pid) as mem:
+            with PeakMemory(proc.pid, self.sample_s) as mem:
                 if not reader.poll(self.timeout):
                     raise TimeoutError(f"{spec} gave no result within {self.timeout:.0f} s")
                 status, out = reader.recv()
@@ -224,13 +225,15 @@ def interleave(specs: list[Spec], repeats: int) -> list[Spec]:
     return [s for r in range(repeats) for s in (specs if r % 2 == 0 else specs[::-1])]
 
 
-def measure_all(specs: list[Spec], repeats: int, desc: str = "benchmark runs") -> list[Result]:
+def measure_all(
+    specs: list[Spec], repeats: int, desc: str = "benchmark runs", sample_s: float = 0.05
+) -> list[Result]:
     """Every spec ``repeats`` times in ``interleave`` order, each in a fresh process, with a
     progress bar; a spec that fails once is not run again and keeps its error."""
     from tqdm import tqdm
 
     results = {s: Result(s) for s in specs}
-    runner = Runner()
+    runner = Runner(sample_s=sample_s)
     for spec in tqdm(interleave(specs, repeats), desc=desc, unit="run", dynamic_ncols=True):
         result = results[spec]
         if result.error:
@@ -248,6 +251,23 @@ def _version(module: str) -> str:
         return str(importlib.import_module(module).__version__)
     except Exception:  # not installed, or no version: say so in the report
         return "not installed"
+
+
+def _commit(module: str) -> str:
+    """The git commit of a module's checkout, ``-dirty`` with uncommitted changes."""
+    import subprocess
+
+    try:
+        where = os.path.dirname(importlib.import_module(module).__file__ or ".")
+        out = subprocess.run(
+            ["git", "-C", where, "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip() or "no git checkout"
+    except Exception:  # no git, no checkout: say so in the report
+        return "commit unknown"
 
 
 def _cpu_model() -> str:
@@ -275,6 +295,6 @@ def machine() -> dict[str, str]:
         "torch": _version("torch"),
         "torchvision": _version("torchvision"),
         "av (PyAV)": _version("av"),
-        "torch_spdl": _version("torch_spdl"),
+        "torch_spdl": f"{_version('torch_spdl')} ({_commit('torch_spdl')})",
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }

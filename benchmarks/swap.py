@@ -19,14 +19,18 @@ Workloads (cells), each at ``num_workers`` 2 and 4:
 4. ``numpy``: a dozen small numpy ops on a 64x64 float32 crop per sample, batch 64;
 5. ``images``: 3x224x224 uint8 tensors, batch 128;
 6. ``ints``: trivial ints, batch 32;
-7. ``paths``: 2M path strings held in the dataset, shuffled, batch 256 (a fixed number of
-   batches: a whole epoch takes too long).
+7. ``paths``: 2M path strings held in the dataset, shuffled, batch 256 (1,000 batches, 300
+   quick: a whole epoch takes too long).
 
 Where the GIL decides (``tokenizer``, ``numpy``) an extra row forces ``worker_type="process"``
 on ours: ``impl`` is ``torch``, ``torch_spdl`` or ``torch_spdl-process``. Each run is a fresh
 process (``_measure.Runner``: peak summed PSS of the process tree, CPU of the tree); the
 repeats alternate which side goes first. The consumer reads one element of every 4 KiB page
-of each tensor batch, as a training step reads all of it.
+of each tensor batch, as a training step reads all of it. A run stops after the batch that
+passes 8 s (3 s quick): a pathologically slow configuration still gets a rate without
+eating the budget. Quick mode: ``num_workers=2`` only, smaller datasets, 3 repeats, no
+process row for ``numpy``. Sized so that the slower side takes about 1-3 s a run in full
+mode.
 """
 
 from __future__ import annotations
@@ -190,7 +194,7 @@ class Cell:
     title: str
     batch: int
     make: Callable[[int, str], Dataset]  # (n, jpeg root) -> dataset, before the clock
-    n: tuple[int, int]  # samples in the dataset: (quick, full); per worker for sleep-io
+    n: tuple[int, int]  # samples in the dataset (quick, full); 0: the JPEG folder's count
     batches: tuple[int, int] | None = None  # a fixed number of batches, else one epoch
     shuffle: bool = False
     target: float = 1.0  # torch_spdl / torch throughput the issue asks for
@@ -522,6 +526,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 workers only, smaller runs")
     parser.add_argument("--repeats", type=int, default=None, help="runs per figure (3; 5 full)")
     parser.add_argument("--only", default="", help="only the cells whose key contains this")
+    parser.add_argument(
+        "--sample-ms", type=float, default=50.0, help="PSS sampling interval (50, as run.py)"
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 5)
     if not any(args.only in c.key for c in CELLS):
@@ -533,11 +540,13 @@ def main(argv: list[str] | None = None) -> int:
     count = 256 if args.quick else 1536
     with tempfile.TemporaryDirectory(prefix="torch_spdl_swap_") as tmp:
         write_photo_folder(Path(tmp), count)
-        results = measure_all(plan(args.quick, tmp, count, args.only), repeats, "swap runs")
+        specs = plan(args.quick, tmp, count, args.only)
+        results = measure_all(specs, repeats, "swap runs", args.sample_ms / 1000)
     print(
         f"torch_spdl {info['torch_spdl']}, torch {info['torch']}, {info['cores']} cores, "
         f"{info['CPU']}; load average at start {info['load average at start']}; median of "
-        f"{repeats} runs (min-max), fresh process each; {time.perf_counter() - t0:.0f} s\n"
+        f"{repeats} runs (min-max), fresh process each; PSS sampled every "
+        f"{args.sample_ms:g} ms; {time.perf_counter() - t0:.0f} s\n"
     )
     print("\n".join(tables(results)))
     for r in results:
