@@ -3,9 +3,9 @@
 Every function returns ``{"samples": n, "seconds": s, "first_batch_s": t or None,
 "cpu_s": c}``, with the CPU seconds of the process tree measured over the same section as
 ``seconds`` (building a dataset before the clock starts is not counted on either side). The
-datasets and knobs come from the per-topic benchmarks beside this file
-(``dataloader.py``, ``engine.py``, ``image_decode.py``, ``swap.py``), so the report measures exactly
-what they measure.
+datasets and knobs come from the per-topic benchmarks beside this file (``dataloader.py``,
+``engine.py``, ``image_decode.py``, ``swap.py``), so the report measures exactly what they
+measure.
 """
 
 from __future__ import annotations

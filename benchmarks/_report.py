@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import swap
 from _measure import Result, Sample
 
 from torch_spdl.pipeline._autotune import cpu_count
@@ -199,8 +200,6 @@ def _engine_table(results: list[Result]) -> list[str]:
 
 def _comparisons(results: list[Result]) -> list[tuple[Result | None, Result | None]]:
     """(torch, torch_spdl) of every paired configuration, the swap cells included."""
-    import swap
-
     out = [
         (pair.get("torch"), pair.get("torch_spdl"))
         for key in GROUPS
@@ -344,7 +343,6 @@ def write_report(
 ) -> Path:
     """Write ``out/REPORT.md`` and its PNGs; return the Markdown file's path."""
     import matplotlib
-    import swap
 
     matplotlib.use("Agg")
     out.mkdir(parents=True, exist_ok=True)
