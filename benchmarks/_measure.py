@@ -160,12 +160,14 @@ class CpuMeter:
         self.cpu_s = _cpu_now(self._known) - self._before
 
 
-def _child_main(fn_name: str, kwargs: dict[str, Any], conn: Connection) -> None:
+def _child_main(fn_name: str, kwargs: dict[str, Any], conn: Connection, origin: str) -> None:
     """In the run's process: call the case inside a CPU meter and send its figures back."""
     # The run inherits the forkserver's start method; a script run by hand on Linux (Python
     # 3.11-3.13) forks, so torch's worker processes fork here too, as children of this run.
     mp.set_start_method("fork", force=True)
     try:
+        if _origin() != origin:  # measure the torch_spdl the report names, or nothing
+            raise RuntimeError(f"this run imported {_origin()}, the parent {origin}")
         fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module("_cases"), fn_name)
         out = fn(**kwargs)  # measures its own CPU over its timed section
         conn.send(("ok", out))
@@ -184,9 +186,24 @@ class Runner:
         self.timeout = timeout
         self.sample_s = sample_s  # PSS sampling interval (reading smaps_rollup costs CPU)
 
+    def _start_server(self) -> None:
+        """Start the forkserver from this folder: it runs ``python -c`` with the working
+        directory first on ``sys.path`` (and ignores ours), so started from a checkout's root
+        it would preload *that* checkout's torch_spdl, not the one this process imports."""
+        from multiprocessing import forkserver
+
+        cwd = os.getcwd()
+        os.chdir(os.path.dirname(os.path.abspath(__file__)))
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.chdir(cwd)
+
     def run(self, spec: Spec) -> Sample:
+        self._start_server()  # a no-op once it runs
         reader, writer = self.ctx.Pipe(duplex=False)
-        proc = self.ctx.Process(target=_child_main, args=(spec.fn, dict(spec.kwargs), writer))
+        args = (spec.fn, dict(spec.kwargs), writer, _origin())
+        proc = self.ctx.Process(target=_child_main, args=args)
         proc.start()
         writer.close()
         try:
@@ -216,6 +233,13 @@ class Runner:
             peak_mib=mem.peak_kb / 1024,
             first_batch_s=out.get("first_batch_s"),
         )
+
+
+def _origin() -> str:
+    """Where this process's torch_spdl comes from."""
+    import torch_spdl
+
+    return os.path.dirname(os.path.abspath(torch_spdl.__file__ or ""))
 
 
 def interleave(specs: list[Spec], repeats: int) -> list[Spec]:
