@@ -1,7 +1,7 @@
 """The benchmark report: torch_spdl against torch's DataLoader, in one run.
 
     .venv/bin/python benchmarks/run.py --quick      # about 2 minutes on 2 quiet cores
-    .venv/bin/python benchmarks/run.py              # the full sweep (about 13 minutes on 2 cores)
+    .venv/bin/python benchmarks/run.py              # the full sweep (about 11 minutes on 2 cores)
 
 Runs the cases of ``engine.py``, ``dataloader.py`` and ``image_decode.py`` side by side with
 torch's DataLoader, sweeping concurrency (1, 2, 4, 8) and batch size (32, 128, 512), and
