@@ -3,9 +3,9 @@
 Every function returns ``{"samples": n, "seconds": s, "first_batch_s": t or None,
 "cpu_s": c}``, with the CPU seconds of the process tree measured over the same section as
 ``seconds`` (building a dataset before the clock starts is not counted on either side). The
-datasets and knobs come from the per-topic benchmarks beside this file
-(``dataloader.py``, ``engine.py``, ``image_decode.py``), so the report measures exactly
-what they measure.
+datasets and knobs come from the per-topic benchmarks beside this file (``dataloader.py``,
+``engine.py``, ``image_decode.py``, ``swap.py``), so the report measures exactly what they
+measure.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import swap
 from _measure import CpuMeter
 from dataloader import (
     LARGE_KNOBS,
@@ -100,6 +101,11 @@ def decode(impl: str, root: str, batch: int) -> dict:
         n, seconds = image_decode.spdl_epoch(paths, batch)
     meter.stop()  # also counts making the loader / listing the files (a few ms)
     return {"samples": n, "seconds": seconds, "first_batch_s": None, "cpu_s": meter.cpu_s}
+
+
+def swap_cell(**kwargs: Any) -> dict:
+    """One run of ``swap.py``'s script: the same loop with torch's DataLoader or ours."""
+    return swap.run_cell(**kwargs)
 
 
 def engine_case(name: str, n: int) -> dict:

@@ -160,12 +160,14 @@ class CpuMeter:
         self.cpu_s = _cpu_now(self._known) - self._before
 
 
-def _child_main(fn_name: str, kwargs: dict[str, Any], conn: Connection) -> None:
+def _child_main(fn_name: str, kwargs: dict[str, Any], conn: Connection, origin: str) -> None:
     """In the run's process: call the case inside a CPU meter and send its figures back."""
     # The run inherits the forkserver's start method; a script run by hand on Linux (Python
     # 3.11-3.13) forks, so torch's worker processes fork here too, as children of this run.
     mp.set_start_method("fork", force=True)
     try:
+        if _origin() != origin:  # measure the torch_spdl the report names, or nothing
+            raise RuntimeError(f"this run imported {_origin()}, the parent {origin}")
         fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module("_cases"), fn_name)
         out = fn(**kwargs)  # measures its own CPU over its timed section
         conn.send(("ok", out))
@@ -178,18 +180,34 @@ def _child_main(fn_name: str, kwargs: dict[str, Any], conn: Connection) -> None:
 class Runner:
     """Starts runs in fresh processes from a forkserver with torch already imported."""
 
-    def __init__(self, timeout: float = 600.0) -> None:
+    def __init__(self, timeout: float = 600.0, sample_s: float = 0.05) -> None:
         self.ctx = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload([*PRELOAD, "dataloader", "_cases"])
         self.timeout = timeout
+        self.sample_s = sample_s  # PSS sampling interval (reading smaps_rollup costs CPU)
+
+    def _start_server(self) -> None:
+        """Start the forkserver from this folder: it runs ``python -c`` with the working
+        directory first on ``sys.path`` (and ignores ours), so started from a checkout's root
+        it would preload *that* checkout's torch_spdl, not the one this process imports."""
+        from multiprocessing import forkserver
+
+        cwd = os.getcwd()
+        os.chdir(os.path.dirname(os.path.abspath(__file__)))
+        try:
+            forkserver.ensure_running()
+        finally:
+            os.chdir(cwd)
 
     def run(self, spec: Spec) -> Sample:
+        self._start_server()  # a no-op once it runs
         reader, writer = self.ctx.Pipe(duplex=False)
-        proc = self.ctx.Process(target=_child_main, args=(spec.fn, dict(spec.kwargs), writer))
+        args = (spec.fn, dict(spec.kwargs), writer, _origin())
+        proc = self.ctx.Process(target=_child_main, args=args)
         proc.start()
         writer.close()
         try:
-            with PeakMemory(proc.pid) as mem:
+            with PeakMemory(proc.pid, self.sample_s) as mem:
                 if not reader.poll(self.timeout):
                     raise TimeoutError(f"{spec} gave no result within {self.timeout:.0f} s")
                 status, out = reader.recv()
@@ -217,11 +235,63 @@ class Runner:
         )
 
 
+def _origin() -> str:
+    """Where this process's torch_spdl comes from."""
+    import torch_spdl
+
+    return os.path.dirname(os.path.abspath(torch_spdl.__file__ or ""))
+
+
+def interleave(specs: list[Spec], repeats: int) -> list[Spec]:
+    """The order of the runs: every configuration once, then again, ``repeats`` times, in
+    reverse on odd rounds (so a pair's two sides take turns going first, and a burst of load
+    from elsewhere on the machine spreads over every configuration)."""
+    return [s for r in range(repeats) for s in (specs if r % 2 == 0 else specs[::-1])]
+
+
+def measure_all(
+    specs: list[Spec], repeats: int, desc: str = "benchmark runs", sample_s: float = 0.05
+) -> list[Result]:
+    """Every spec ``repeats`` times in ``interleave`` order, each in a fresh process, with a
+    progress bar; a spec that fails once is not run again and keeps its error."""
+    from tqdm import tqdm
+
+    results = {s: Result(s) for s in specs}
+    runner = Runner(sample_s=sample_s)
+    for spec in tqdm(interleave(specs, repeats), desc=desc, unit="run", dynamic_ncols=True):
+        result = results[spec]
+        if result.error:
+            continue
+        try:
+            result.runs.append(runner.run(spec))
+        except Exception as exc:  # keep going: the report names what failed
+            result.error = str(exc)
+            tqdm.write(f"FAILED: {exc}")
+    return list(results.values())
+
+
 def _version(module: str) -> str:
     try:
         return str(importlib.import_module(module).__version__)
     except Exception:  # not installed, or no version: say so in the report
         return "not installed"
+
+
+def _commit(module: str) -> str:
+    """The git commit of a module's checkout, ``-dirty`` with uncommitted changes."""
+    import subprocess
+
+    try:
+        where = os.path.dirname(importlib.import_module(module).__file__ or ".")
+        out = subprocess.run(
+            ["git", "-C", where, "describe", "--always", "--dirty"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip() or "no git checkout"
+    except Exception:  # no git, no checkout: say so in the report
+        return "commit unknown"
 
 
 def _cpu_model() -> str:
@@ -249,6 +319,6 @@ def machine() -> dict[str, str]:
         "torch": _version("torch"),
         "torchvision": _version("torchvision"),
         "av (PyAV)": _version("av"),
-        "torch_spdl": _version("torch_spdl"),
+        "torch_spdl": f"{_version('torch_spdl')} ({_commit('torch_spdl')})",
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }

@@ -79,6 +79,12 @@ def write_folder(root: Path, images: list[bytes], classes: int = 4) -> list[Path
     return paths
 
 
+def write_photo_folder(root: Path, count: int) -> None:
+    """``count`` photo-like 500x375 JPEGs (128 distinct, repeated) in ImageFolder layout."""
+    images = make_jpegs(500, 375, min(count, 128), seed=1)
+    write_folder(root, (images * (count // len(images) + 1))[:count])
+
+
 def spdl_epoch(paths: list[Path], batch: int) -> tuple[int, float]:
     def decode(p: Path) -> tio.ImageFrames:
         return tio.decode_image(p.read_bytes(), width=224, height=224)

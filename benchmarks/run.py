@@ -1,10 +1,12 @@
 """The benchmark report: torch_spdl against torch's DataLoader, in one run.
 
     .venv/bin/python benchmarks/run.py --quick      # about 2 minutes on 2 quiet cores
-    .venv/bin/python benchmarks/run.py              # the full sweep (about 5 minutes on 2 cores)
+    .venv/bin/python benchmarks/run.py              # the full sweep (about 11 minutes on 2 cores)
 
 Runs the cases of ``engine.py``, ``dataloader.py`` and ``image_decode.py`` side by side with
-torch's DataLoader, sweeping concurrency (1, 2, 4, 8) and batch size (32, 128, 512), each
+torch's DataLoader, sweeping concurrency (1, 2, 4, 8) and batch size (32, 128, 512), and
+``swap.py``'s cells (the same script with either DataLoader; quick mode: 2 workers only,
+smaller datasets, no process-worker row for the numpy cell), each
 configuration ``--repeats`` times in a fresh process (see ``_measure.py`` for what is
 measured and how), and writes ``REPORT.md`` with tables (median and min-max) and PNG plots
 to ``--out`` (default ``benchmarks/report/``). A progress bar shows the runs.
@@ -18,12 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from tqdm import tqdm
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the per-topic benchmarks and helpers beside this script
 
-from _measure import Result, Runner, Spec, machine  # noqa: E402
+import image_decode  # noqa: E402
+import swap  # noqa: E402
+from _measure import Spec, machine, measure_all  # noqa: E402
 from _report import GROUPS, write_report  # noqa: E402
 
 CONCURRENCY = (1, 2, 4, 8)
@@ -35,7 +37,7 @@ def _kw(**kwargs: object) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(kwargs.items()))
 
 
-def plan(quick: bool, jpeg_root: str) -> list[Spec]:
+def plan(quick: bool, jpeg_root: str, jpeg_count: int) -> list[Spec]:
     """Every configuration to measure, in the order they run."""
     specs: list[Spec] = []
     n_img = 1024 if quick else 4096
@@ -71,16 +73,7 @@ def plan(quick: bool, jpeg_root: str) -> list[Spec]:
     for name, n, impl in engine_rows:
         n = n // 20 if quick else n // 4
         specs.append(Spec("engine", impl, 0, "engine_case", _kw(name=name, n=n), label=name))
-    return specs
-
-
-def make_jpeg_folder(root: Path, count: int) -> None:
-    """``image_decode.py``'s photo-like 500x375 JPEGs, in ImageFolder layout."""
-    import image_decode
-
-    images = image_decode.make_jpegs(500, 375, min(count, 128), seed=1)
-    images = (images * (count // len(images) + 1))[:count]
-    image_decode.write_folder(root, images)
+    return specs + swap.plan(quick, jpeg_root, jpeg_count)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,33 +93,21 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="torch_spdl_bench_") as tmp:
-        make_jpeg_folder(Path(tmp), 256 if args.quick else 1536)
-        specs = [s for s in plan(args.quick, tmp) if args.only in s.group]
-        results = {s: Result(s) for s in specs}
-        runner = Runner()
-        # Interleave the repeats (all configurations, then again) so that a burst of load
-        # from elsewhere on the machine spreads over every configuration.
-        order = [s for _ in range(repeats) for s in specs]
-        for spec in tqdm(order, desc="benchmark runs", unit="run", dynamic_ncols=True):
-            result = results[spec]
-            if result.error:
-                continue
-            try:
-                result.runs.append(runner.run(spec))
-            except Exception as exc:  # keep going: the report names what failed
-                result.error = str(exc)
-                tqdm.write(f"FAILED: {exc}")
+        jpegs = 256 if args.quick else 1536
+        image_decode.write_photo_folder(Path(tmp), jpegs)
+        specs = [s for s in plan(args.quick, tmp, jpegs) if args.only in s.group]
+        results = measure_all(specs, repeats)
     elapsed = time.perf_counter() - t0
     report = write_report(
         args.out,
-        list(results.values()),
+        results,
         info,
         quick=args.quick,
         repeats=repeats,
         elapsed_s=elapsed,
     )
     print(f"wrote {report} and its plots in {elapsed:.0f} s")
-    failed = [r for r in results.values() if r.error]
+    failed = [r for r in results if r.error]
     for r in failed:
         print(f"failed: {r.spec.group} {r.spec.impl} {r.spec.param}: {r.error}", file=sys.stderr)
     return 1 if failed else 0

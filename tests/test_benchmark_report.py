@@ -49,3 +49,40 @@ def test_report_states_ratios_only_where_measured(tmp_path: Path) -> None:
     for png in ("throughput_vs_concurrency.png", "peak_memory.png", "cpu_utilisation.png"):
         assert (tmp_path / png).stat().st_size > 1000
         assert f"]({png})" in text
+
+
+def _swap(cell: str, impl: str, workers: int, rates: list[float], peak: float) -> Result:
+    spec = Spec("swap", impl, workers, "swap_cell", (("cell", cell), ("impl", impl)), cell)
+    runs = [
+        Sample(samples=int(r), seconds=1.0, cpu_s=1.0, peak_mib=peak, first_batch_s=0.05)
+        for r in rates
+    ]
+    return Result(spec, runs)
+
+
+def test_report_has_the_swap_tables_and_plot(tmp_path: Path) -> None:
+    results = [
+        _swap("images", "torch", 2, [1000, 1100, 1200], 400.0),
+        _swap("images", "torch_spdl", 2, [3000, 3100, 3200], 250.0),  # 2.82x, clear
+        _swap("sleep-io", "torch", 4, [380, 390, 400], 350.0),
+        _swap("sleep-io", "torch_spdl", 4, [390, 395, 420], 200.0),  # 1.01x: 2x target missed
+        _swap("tokenizer", "torch", 2, [9000, 10000, 11000], 350.0),
+        _swap("tokenizer", "torch_spdl", 2, [9500, 10500, 12000], 220.0),
+        _swap("tokenizer", "torch_spdl-process", 2, [9500, 9800, 10200], 360.0),
+    ]
+    path = write_report(tmp_path, results, {"cores": "2"}, quick=True, repeats=3, elapsed_s=1.0)
+    text = path.read_text()
+    assert "## Swap the import" in text
+    throughput = text.split("### Throughput")[1].split("###")[0]
+    rows = [line for line in throughput.splitlines() if "batch" in line]
+    speed = {tuple(r.split(" | ")[:2]): r for r in rows}
+    images = speed[("| 5. 3x224x224 uint8, batch 128", "2")]
+    assert "2.82x" in images and "torch_spdl better" in images and ">= 2.0x: met" in images
+    sleep = speed[("| 1. 10 ms blocking I/O, batch 16", "4")]
+    assert "no clear difference" in sleep and "**not met**" in sleep
+    assert any("worker_type='process'" in r for r in rows)  # the variant has its own row
+    memory = text.split("### Peak memory")[1].split("##")[0]
+    assert "| 5. 3x224x224 uint8, batch 128 | 2 | 400 | 250 | 0.62x | met |" in memory
+    assert "| throughput (higher is better) | 4 |" in text  # the summary counts the swap cells
+    assert (tmp_path / "swap_ratios.png").stat().st_size > 1000
+    assert "](swap_ratios.png)" in text

@@ -1,0 +1,559 @@
+"""Swap the import: one training-loop script, run with torch's DataLoader and with ours.
+
+Run: ``python benchmarks/swap.py [--quick] [--repeats N] [--only TEXT]``. Prints Markdown
+tables; asserts nothing. ``benchmarks/run.py`` runs the same cells for its report.
+
+Why: ``torch_spdl.DataLoader`` claims to be a drop-in for ``torch.utils.data.DataLoader``.
+The other benchmarks give each side its best knobs; this one changes *only the import*.
+``train_loop`` below is written once and receives the DataLoader class (torch's, or
+``from torch_spdl import DataLoader``); it passes ``dataset, batch_size, num_workers`` (and
+``shuffle=True`` where a training run would) and nothing else, so every other argument is
+each side's default. A user who swaps the import gets exactly these numbers.
+
+Workloads (cells), each at ``num_workers`` 2 and 4:
+
+1. ``sleep-io``: 10 ms of blocking I/O per sample (``time.sleep``), batch 16;
+2. ``jpeg``: JPEG files through torchvision's ``ImageFolder`` with PIL ``Resize`` +
+   ``PILToTensor``, batch 64;
+3. ``tokenizer``: a pure-Python WordPiece-style tokenizer over synthetic text, batch 32;
+4. ``numpy``: a dozen small numpy ops on a 64x64 float32 crop per sample, batch 64;
+5. ``images``: 3x224x224 uint8 tensors, batch 128;
+6. ``ints``: trivial ints, batch 32;
+7. ``paths``: 2M path strings held in the dataset, shuffled, batch 256 (1,000 batches, 300
+   quick: a whole epoch takes too long).
+
+Where the GIL decides (``tokenizer``, ``numpy``) an extra row forces ``worker_type="process"``
+on ours: ``impl`` is ``torch``, ``torch_spdl`` or ``torch_spdl-process``. Each run is a fresh
+process (``_measure.Runner``: peak summed PSS of the process tree, CPU of the tree); the
+repeats alternate which side goes first. The consumer reads one element of every 4 KiB page
+of each tensor batch, as a training step reads all of it. A run stops after the batch that
+passes 8 s (3 s quick): a pathologically slow configuration still gets a rate without
+eating the budget. Quick mode: ``num_workers=2`` only, smaller datasets, 3 repeats, no
+process row for ``numpy``. Sized so that the slower side takes about 1-3 s a run in full
+mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import random
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from _measure import CpuMeter, Result, Spec, machine, measure_all
+from dataloader import ImageDataset, IntDataset, SleepDataset, _touch
+from torch.utils.data import Dataset
+
+IMPLS = ("torch", "torch_spdl")
+PROCESS = "torch_spdl-process"
+
+# -- datasets (module level: torch's forked workers see them) ------------------------------
+
+
+_SYLLABLES = (
+    "ka to ri an el mo su ne ver tion pre ing al de co mi ra lu sta ble ex im pro "
+    "con ter for ment ly ous ish"
+).split()
+_WORD = re.compile(r"\w+|[^\w\s]")
+PAD, UNK, CLS, SEP = 0, 1, 2, 3
+
+
+def _synthetic_words(rng: random.Random, count: int) -> list[str]:
+    """Made-up words of 1-4 syllables in a random frequency order (list index = rank)."""
+    words = sorted({"".join(rng.choices(_SYLLABLES, k=rng.randint(1, 4))) for _ in range(count)})
+    rng.shuffle(words)
+    return words
+
+
+def _synthetic_text(rng: random.Random, words: list[str], cum_weights: list[float]) -> str:
+    """Two to five sentences of Zipf-Mandelbrot distributed words, with capitals, numbers
+    and punctuation."""
+    sentences = []
+    for _ in range(rng.randint(2, 5)):
+        picks = rng.choices(words, cum_weights=cum_weights, k=rng.randint(6, 20))
+        if rng.random() < 0.3:
+            picks.insert(rng.randrange(len(picks)), str(rng.randint(1, 9999)))
+        if rng.random() < 0.4:
+            picks[rng.randrange(len(picks))] += ","
+        sentences.append(" ".join(picks).capitalize() + rng.choice(".!?"))
+    return " ".join(sentences)
+
+
+class TokenizerDataset(Dataset):
+    """Text -> a fixed-length LongTensor of token ids, all in pure Python: lowercase, split
+    on words and punctuation, vocabulary lookup, greedy longest-match subwords
+    (``##piece``) for unknown words, ``[UNK]`` when that fails, pad or truncate."""
+
+    LENGTH = 128
+
+    def __init__(self, n: int, pool: int = 2048, seed: int = 0) -> None:
+        rng = random.Random(seed)
+        words = _synthetic_words(rng, 6000)
+        cum = list(itertools.accumulate(1 / (rank + 10) for rank in range(len(words))))
+        self.n = n
+        self.texts = [_synthetic_text(rng, words, cum) for _ in range(pool)]
+        pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", *words[:1500]]
+        pieces += [p for s in (*_SYLLABLES, *"0123456789") for p in (s, "##" + s)]
+        pieces += list(",.!?")
+        self.vocab = {p: i for i, p in enumerate(dict.fromkeys(pieces))}
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _subwords(self, word: str) -> list[int]:
+        ids, start = [], 0
+        while start < len(word):
+            for end in range(len(word), start, -1):
+                piece = word[start:end] if start == 0 else "##" + word[start:end]
+                if piece in self.vocab:
+                    ids.append(self.vocab[piece])
+                    start = end
+                    break
+            else:
+                return [UNK]
+        return ids
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        ids = [CLS]
+        for token in _WORD.findall(self.texts[i % len(self.texts)].lower()):
+            known = self.vocab.get(token)
+            ids += [known] if known is not None else self._subwords(token)
+        ids = ids[: self.LENGTH - 1] + [SEP]
+        ids += [PAD] * (self.LENGTH - len(ids))
+        return torch.tensor(ids, dtype=torch.long)
+
+
+class NumpyAugmentDataset(Dataset):
+    """A 64x64 crop of a float32 image through a dozen small numpy ops (each one a short
+    call that holds the GIL for most of its time)."""
+
+    MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+    STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.n = n
+        self.images = np.random.default_rng(seed).random((8, 96, 96, 3), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        y, x = (i * 7) % 33, (i * 13) % 33
+        out = self.images[i % 8, y : y + 64, x : x + 64]  # crop
+        if i % 2:
+            out = out[:, ::-1]  # horizontal flip
+        out = out * np.float32(0.8 + 0.1 * (i % 5))  # contrast
+        out += np.float32(0.02 * (i % 3 - 1))  # brightness
+        gray = out.mean(axis=2, keepdims=True)
+        out = gray + (out - gray) * np.float32(1.1)  # saturation
+        np.clip(out, 0.0, 1.0, out=out)
+        np.power(out, np.float32(0.9), out=out)  # gamma
+        out -= self.MEAN
+        out /= self.STD
+        out = np.ascontiguousarray(out.transpose(2, 0, 1))  # HWC -> CHW
+        return torch.from_numpy(out)
+
+
+class PathDataset(Dataset):
+    """Path strings in a list, as an ImageNet-style file index holds them."""
+
+    def __init__(self, n: int) -> None:
+        self.paths = [f"/data/imagenet/train/n{i % 1000:08d}/img_{i:08d}.JPEG" for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> str:
+        return self.paths[i]
+
+
+def _image_folder(root: str) -> Dataset:
+    from torchvision import transforms
+    from torchvision.datasets import ImageFolder
+
+    tf = transforms.Compose([transforms.Resize((224, 224)), transforms.PILToTensor()])
+    return ImageFolder(root, transform=tf)
+
+
+# -- the cells -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    key: str
+    title: str
+    batch: int
+    make: Callable[[int, str], Dataset]  # (n, jpeg root) -> dataset, before the clock
+    n: tuple[int, int]  # samples in the dataset (quick, full); 0: the JPEG folder's count
+    batches: tuple[int, int] | None = None  # a fixed number of batches, else one epoch
+    shuffle: bool = False
+    target: float = 1.0  # torch_spdl / torch throughput the issue asks for
+    per_worker: bool = False  # n scales with num_workers
+    variants: tuple[str, ...] = ()  # extra rows of ours with other arguments
+    quick_variants: bool = True  # whether quick mode runs them too
+
+
+CELLS = [
+    Cell(
+        "sleep-io",
+        "1. 10 ms blocking I/O, batch 16",
+        16,
+        lambda n, _: SleepDataset(n),
+        (64, 200),
+        target=2.0,
+        per_worker=True,
+    ),
+    Cell(
+        "jpeg",
+        "2. JPEG ImageFolder + PIL, batch 64",
+        64,
+        lambda _, root: _image_folder(root),
+        (0, 0),
+    ),
+    Cell(
+        "tokenizer",
+        "3. pure-Python tokenizer, batch 32",
+        32,
+        lambda n, _: TokenizerDataset(n),
+        (16_384, 49_152),
+        variants=(PROCESS,),
+    ),
+    Cell(
+        "numpy",
+        "4. numpy ops on 64x64 crops, batch 64",
+        64,
+        lambda n, _: NumpyAugmentDataset(n),
+        (4096, 16384),
+        variants=(PROCESS,),
+        quick_variants=False,
+    ),
+    Cell(
+        "images",
+        "5. 3x224x224 uint8, batch 128",
+        128,
+        lambda n, _: ImageDataset(n),
+        (64 * 128, 256 * 128),
+        target=2.0,
+    ),
+    Cell("ints", "6. trivial ints, batch 32", 32, lambda n, _: IntDataset(n), (32_000, 128_000)),
+    Cell(
+        "paths",
+        "7. 2M path strings, shuffled, batch 256",
+        256,
+        lambda n, _: PathDataset(n),
+        (2_000_000, 2_000_000),
+        batches=(300, 1000),
+        shuffle=True,
+    ),
+]
+CELL = {c.key: c for c in CELLS}
+
+
+# -- the script under test -----------------------------------------------------------------
+
+
+def loader_class(impl: str) -> Callable[..., Iterable[Any]]:
+    """The DataLoader a user's script gets from its import."""
+    if impl == "torch":
+        from torch.utils.data import DataLoader
+
+        return DataLoader
+    from torch_spdl import DataLoader
+
+    if impl == PROCESS:
+        return functools.partial(DataLoader, worker_type="process")
+    return DataLoader
+
+
+def _count(batch: Any) -> int:
+    """Samples in a collated batch: a tensor, ``[inputs, labels]``, or a list of strings."""
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
+        return len(batch[0])
+    return len(batch)
+
+
+def _touch_all(batch: Any) -> None:
+    for part in batch if isinstance(batch, (list, tuple)) else (batch,):
+        _touch(part)
+
+
+def train_loop(
+    DataLoader: Callable[..., Iterable[Any]],  # noqa: N803 (it stands for the imported class)
+    dataset: Dataset,
+    batch_size: int,
+    num_workers: int,
+    shuffle: bool = False,
+    max_batches: int | None = None,
+    max_seconds: float | None = None,
+) -> dict[str, Any]:
+    """The script both sides run: build the loader, read its batches, drop the iterator.
+
+    Timed from building the loader until the iterator is gone (its workers stopped), as an
+    epoch of a loader without ``persistent_workers``. It stops early after ``max_batches``,
+    or after the batch that passes ``max_seconds`` (a guard against a pathologically slow
+    side eating the whole budget; the rate is still samples over seconds)."""
+    meter = CpuMeter()
+    meter.start()
+    t0 = time.perf_counter()
+    extra = {"shuffle": True} if shuffle else {}
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **extra)
+    first: float | None = None
+    samples = batches = 0
+    batch = None
+    it = iter(loader)
+    for batch in it:
+        if first is None:
+            first = time.perf_counter() - t0
+        _touch_all(batch)
+        samples += _count(batch)
+        batches += 1
+        if batches == max_batches or (max_seconds and time.perf_counter() - t0 > max_seconds):
+            break
+    del it, batch
+    seconds = time.perf_counter() - t0
+    meter.stop()
+    return {"samples": samples, "seconds": seconds, "first_batch_s": first, "cpu_s": meter.cpu_s}
+
+
+def run_cell(
+    cell: str, impl: str, workers: int, n: int, batches: int | None, cap_s: float, root: str
+) -> dict:
+    """One run (in a fresh process, from ``_cases.swap_cell``): dataset first, then the loop."""
+    c = CELL[cell]
+    dataset = c.make(n, root)
+    return train_loop(loader_class(impl), dataset, c.batch, workers, c.shuffle, batches, cap_s)
+
+
+# -- the plan --------------------------------------------------------------------------------
+
+
+def _kw(**kwargs: object) -> tuple[tuple[str, object], ...]:
+    return tuple(sorted(kwargs.items()))
+
+
+def worker_counts(quick: bool) -> tuple[int, ...]:
+    return (2,) if quick else (2, 4)
+
+
+CAP_S = (3.0, 8.0)  # a run stops after the batch that passes this (quick, full)
+
+
+def plan(quick: bool, jpeg_root: str, jpeg_count: int, only: str = "") -> list[Spec]:
+    """Every run configuration, torch before ours for each cell and worker count."""
+    specs = []
+    for c in CELLS:
+        if only not in c.key:
+            continue
+        for w in worker_counts(quick):
+            n = c.n[not quick] * (w if c.per_worker else 1) or jpeg_count
+            batches = c.batches[not quick] if c.batches else None
+            variants = c.variants if c.quick_variants or not quick else ()
+            for impl in (*IMPLS, *variants):
+                kw = _kw(
+                    cell=c.key,
+                    impl=impl,
+                    workers=w,
+                    n=n,
+                    batches=batches,
+                    cap_s=CAP_S[not quick],
+                    root=jpeg_root,
+                )
+                specs.append(Spec("swap", impl, w, "swap_cell", kw, label=c.key))
+    return specs
+
+
+# -- tables and plot (also in run.py's report) -----------------------------------------------
+
+
+def _by_cell(results: list[Result]) -> dict[tuple[str, int], dict[str, Result]]:
+    out: dict[tuple[str, int], dict[str, Result]] = {}
+    for r in results:
+        if r.spec.group == "swap":
+            out.setdefault((r.spec.label, r.spec.param), {})[r.spec.impl] = r
+    order = [c.key for c in CELLS]
+    return dict(sorted(out.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1])))
+
+
+def rows(results: list[Result]) -> list[tuple[str, int, Result | None, Result | None]]:
+    """(row name, workers, torch, ours) for every measured comparison, variants after."""
+    out = []
+    for (key, workers), by_impl in _by_cell(results).items():
+        for impl in (*IMPLS[1:], *CELL[key].variants):
+            if impl in by_impl:
+                name = CELL[key].title
+                if impl == PROCESS:
+                    name += ", ours `worker_type='process'`"
+                out.append((name, workers, by_impl.get("torch"), by_impl[impl]))
+    return out
+
+
+def target_status(torch_r: Result | None, ours: Result | None, metric: str, target: float) -> str:
+    """Whether ``ours`` meets ``target`` x torch (rates: at least; memory: at most), on the
+    medians, and whether the spreads make it clear."""
+    from _report import METRICS, _stats, _values
+
+    t, o = _stats(_values(torch_r, metric)), _stats(_values(ours, metric))
+    if t is None or o is None:
+        return "not measured"
+    sign = 1 if METRICS[metric][2] else -1  # compare as "higher is better"
+    med_ok = sign * o[0] >= sign * target * t[0]
+    worst_o, best_o = (o[1], o[2]) if sign > 0 else (o[2], o[1])
+    worst_t, best_t = (t[1], t[2]) if sign > 0 else (t[2], t[1])
+    if sign * worst_o >= sign * target * best_t:
+        return "met"
+    if sign * best_o < sign * target * worst_t:
+        return "**not met**"
+    return "met on medians (spreads overlap)" if med_ok else "not met on medians (spreads overlap)"
+
+
+def tables(results: list[Result]) -> list[str]:
+    """Markdown: throughput with targets, then peak memory, first batch and CPU."""
+    from _report import METRICS, _fmt, _ratio, _values
+
+    cpu_title = METRICS["cpu"][0]
+    head1 = "| cell | workers | torch samples/s | torch_spdl samples/s | ratio | verdict | target |"
+    head2 = (
+        "| cell | workers | torch peak PSS, MiB | torch_spdl peak PSS, MiB | ratio | target "
+        f"(<= torch) | torch first batch, ms | torch_spdl first batch, ms | torch {cpu_title} "
+        f"| torch_spdl {cpu_title} |"
+    )
+    speed = [head1, "| --- | ---: |" + " ---: |" * 3 + " --- | --- |"]
+    memory = [head2, "| --- | ---: |" + " ---: |" * 3 + " --- |" + " ---: |" * 4]
+    for name, workers, t, o in rows(results):
+        key = next(c for c in CELLS if name.startswith(c.title))
+        ratio, verdict = _ratio(t, o, "rate")
+        target = f">= {key.target:.1f}x: {target_status(t, o, 'rate', key.target)}"
+        speed.append(
+            f"| {name} | {workers} | {_fmt(_values(t, 'rate'))} | {_fmt(_values(o, 'rate'))} "
+            f"| {ratio} | {verdict} | {target} |"
+        )
+        peak_ratio, _ = _ratio(t, o, "peak")
+        cells = [_fmt(_values(r, m)) for m in ("first", "cpu") for r in (t, o)]
+        memory.append(
+            f"| {name} | {workers} | {_fmt(_values(t, 'peak'))} | {_fmt(_values(o, 'peak'))} "
+            f"| {peak_ratio} | {target_status(t, o, 'peak', 1.0)} | " + " | ".join(cells) + " |"
+        )
+    return ["### Throughput", "", *speed, "", "### Peak memory, first batch, CPU", "", *memory]
+
+
+def _ratio_spread(t: Result | None, o: Result | None, metric: str) -> tuple[float, ...] | None:
+    """Median ratio ours / torch, and the lowest and highest ratio the spreads allow."""
+    from _report import _stats, _values
+
+    ts, os_ = _stats(_values(t, metric)), _stats(_values(o, metric))
+    if ts is None or os_ is None or ts[0] == 0:
+        return None
+    return os_[0] / ts[0], os_[1] / ts[2], os_[2] / ts[1]
+
+
+def _ratio_panel(ax: Any, table: list, metric: str, workers: list[int], names: list[str]) -> None:
+    """Bars from 1 to the median ratio (log scale), one per worker count, spread as whiskers."""
+    import matplotlib.ticker as mticker
+
+    width = 0.8 / len(workers)
+    for j, w in enumerate(workers):
+        label: str | None = f"num_workers={w}"
+        for name, wk, t, o in table:
+            r = _ratio_spread(t, o, metric)
+            if wk != w or r is None:
+                continue
+            x = names.index(name) + (j - (len(workers) - 1) / 2) * width
+            yerr = [[r[0] - r[1]], [r[2] - r[0]]]
+            ax.bar(x, r[0] - 1, width, bottom=1, color=f"C{j}", label=label)
+            ax.errorbar(x, r[0], yerr=yerr, color="black", capsize=2, linewidth=0.8)
+            label = None
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log", base=2)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(min(lo, 0.5), max(hi, 2.0))
+    ax.yaxis.set_major_locator(
+        mticker.FixedLocator([2.0**k for k in range(-5, 6)] + [0.75, 1.5, 3])
+    )
+    ax.yaxis.set_major_formatter(mticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+    ax.yaxis.set_minor_formatter(mticker.NullFormatter())
+    ticks = [_short(n) for n in names]
+    ax.set_xticks(range(len(names)), ticks, rotation=30, ha="right", fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+
+
+def plot(path: Path, results: list[Result]) -> bool:
+    """torch_spdl / torch per cell and worker count: throughput, and peak PSS; the 2x
+    throughput targets as dashes."""
+    import matplotlib.pyplot as plt
+
+    table = rows(results)
+    names = list(dict.fromkeys(name for name, *_ in table))
+    if not names:
+        return False
+    workers = sorted({w for _, w, *_ in table})
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    for ax, metric in zip(axes, ("rate", "peak"), strict=True):
+        _ratio_panel(ax, table, metric, workers, names)
+    for i, name in enumerate(names):
+        target = next(c.target for c in CELLS if name.startswith(c.title))
+        if target != 1.0:
+            axes[0].hlines(target, i - 0.45, i + 0.45, colors="red", linestyles="dashed")
+    axes[0].set_title("throughput, torch_spdl / torch (above 1: faster; red: target)", fontsize=9)
+    axes[1].set_title("peak PSS, torch_spdl / torch (below 1: less memory)", fontsize=9)
+    axes[0].set_ylabel("ratio of medians (whiskers: spread)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _short(name: str) -> str:
+    short = name.split(",")[0]
+    return short + " (process)" if "process" in name else short
+
+
+# -- standalone ------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2 workers only, smaller runs")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per figure (3; 5 full)")
+    parser.add_argument("--only", default="", help="only the cells whose key contains this")
+    parser.add_argument(
+        "--sample-ms", type=float, default=50.0, help="PSS sampling interval (50, as run.py)"
+    )
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (3 if args.quick else 5)
+    if not any(args.only in c.key for c in CELLS):
+        parser.error(f"--only {args.only!r} matches no cell: {', '.join(CELL)}")
+    from image_decode import write_photo_folder
+
+    info = machine()
+    t0 = time.perf_counter()
+    count = 256 if args.quick else 1536
+    with tempfile.TemporaryDirectory(prefix="torch_spdl_swap_") as tmp:
+        write_photo_folder(Path(tmp), count)
+        specs = plan(args.quick, tmp, count, args.only)
+        results = measure_all(specs, repeats, "swap runs", args.sample_ms / 1000)
+    print(
+        f"torch_spdl {info['torch_spdl']}, torch {info['torch']}, {info['cores']} cores, "
+        f"{info['CPU']}; load average at start {info['load average at start']}; median of "
+        f"{repeats} runs (min-max), fresh process each; PSS sampled every "
+        f"{args.sample_ms:g} ms; {time.perf_counter() - t0:.0f} s\n"
+    )
+    print("\n".join(tables(results)))
+    for r in results:
+        if r.error:
+            print(f"failed: {r.spec.label} {r.spec.impl} {r.spec.param}: {r.error}")
+    return 1 if any(r.error for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
