@@ -8,6 +8,7 @@ datasets and their sharding, per-worker copies of the dataset, errors, ``timeout
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from _dl_helpers import MapData, ShardedByWorker, assert_same_batches
+from _sync import WAIT
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, IterableDataset
 
@@ -197,6 +199,34 @@ def test_worker_init_fn_error_is_raised_as_itself(worker_type: str) -> None:
     ):
         with pytest.raises(ValueError, match="cannot start"):
             list(loader)
+
+
+class Stalls(Dataset):
+    """Sample 4 waits until the test lets it go (a read that hangs)."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> int:
+        if i == 4:
+            self.release.wait(WAIT)
+        return i
+
+
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_timeout_raises_while_a_worker_is_stuck(worker_type: str) -> None:
+    """``timeout``: a batch not received within it raises RuntimeError; the stuck worker
+    does not hold the error back (it is left to finish, then ends)."""
+    release = threading.Event()
+    try:
+        for loader in both(Stalls(release), worker_type, batch_size=2, num_workers=2, timeout=0.5):
+            with pytest.raises(RuntimeError, match="timed out"):
+                list(loader)
+    finally:
+        release.set()
 
 
 # -- typing, persistence, order ----------------------------------------------------------------

@@ -179,8 +179,9 @@ def test_auto_keeps_threads_on_one_core_whatever_holds_the_gil() -> None:
 
 
 def test_auto_keeps_threads_when_a_batch_is_cheaper_than_moving_it() -> None:
-    cheap = Measurement(1000, 100, 1.0, 1.0, 0.9, 0.0)  # 0.9 ms of CPU per sample...
-    assert decide(cheap, num_workers=2, batch_size=1, cores=2).kind == "thread"  # ...batch 1
+    cheap = Measurement(10_000, 100, 1.0, 1.0, 0.9, 0.0)  # 90 us of CPU per sample...
+    assert decide(cheap, num_workers=2, batch_size=4, cores=2).kind == "thread"  # ...batch 4
+    assert decide(cheap, num_workers=2, batch_size=8, cores=2).kind == "process"  # 0.72 ms
     large = Measurement(1000, 100, 1.0, 1.5, 0.9, 64e6)  # 29 ms a batch, 64 MB to move
     assert decide(large, num_workers=2, batch_size=32, cores=2).kind == "thread"
     smaller = Measurement(1000, 100, 1.0, 1.5, 0.9, 1e6)  # 1 MB to move

@@ -42,21 +42,32 @@ _T_co = TypeVar("_T_co", covariant=True)
 class DataLoader(_TorchDataLoader[_T_co]):
     """A drop-in for ``torch.utils.data.DataLoader`` that loads through a staged pipeline.
 
-    Every argument of torch's DataLoader is accepted and validated by torch. ``num_workers``
-    becomes the number of threads running ``__getitem__`` (``worker_type="process"`` uses
-    processes instead). Extra keyword-only knobs:
+    Every argument of torch's DataLoader is accepted and validated by torch, and means what
+    it means there (docs/torch-differences.md lists what still differs). The extra
+    arguments are keyword-only.
 
-    - ``io_concurrency`` / ``cpu_concurrency``: concurrency of a :class:`StagedDataset`'s
-      ``io`` and ``cpu`` stages (default: ``num_workers``, at least 1; io at least 8).
-    - ``collate_concurrency``: threads running ``collate_fn`` (default 1).
-    - Each of these three may be ``"auto"``: the pipeline then tunes it while running
-      (I/O stages up to 64 workers, CPU and collate stages up to the cores), within a CPU
-      budget of 40% of the machine (see docs/autotune.md).
-    - ``buffer_size``: batches kept ready (default ``prefetch_factor * num_workers``, min 2).
-    - ``device``: move each batch there on a dedicated transfer stage (with ``pin_memory``).
-    - ``max_failures``: samples that may fail and be skipped (counted in
-      :attr:`num_failures`); beyond it, or with the default 0, the error is raised as torch
-      does, with the sample index and the stage named in its notes.
+    Args:
+        worker_type: how ``num_workers`` workers run ``__getitem__``: ``"auto"`` (default)
+            measures the first batches and picks threads, or worker processes when the work
+            holds the GIL (the choice is in :attr:`worker_choice`); ``"thread"`` or
+            ``"process"`` force one (see docs/dataloader.md).
+        io_concurrency: workers of a :class:`StagedDataset`'s ``io`` stages (default:
+            ``num_workers``, at least 8), or ``"auto"``.
+        cpu_concurrency: workers of its ``cpu`` stages (default ``num_workers``), or
+            ``"auto"``.
+        collate_concurrency: threads running ``collate_fn`` on the per-sample path
+            (default 1), or ``"auto"``. An ``"auto"`` knob is tuned while running (I/O
+            stages up to 64 workers, CPU and collate stages up to the cores), within a CPU
+            budget of 40% of the machine (docs/autotune.md).
+        buffer_size: batches kept ready (default ``prefetch_factor * num_workers``, at
+            least 2).
+        device: move each batch there on a dedicated transfer stage (with ``pin_memory``).
+        max_failures: samples that may fail and be skipped (counted in
+            :attr:`num_failures`); beyond it, or with the default 0, the error is raised
+            from ``next()`` as torch does, with the sample index and the stage in its notes,
+            and the epoch goes on.
+        per_worker_dataset: give each worker thread its own shallow copy of the dataset,
+            as each of torch's worker processes has its own (default); False shares one.
     """
 
     def __init__(

@@ -51,6 +51,11 @@ __all__ = ["EpochIterator", "split_point", "stage_fns"]
 _LG = logging.getLogger("torch_spdl.data")
 
 _END: Any = object()
+# How long stopping an epoch waits for its threads. A thread stuck in user code (a read
+# that never returns) cannot be interrupted in Python: it is left to finish on its own
+# (a daemon thread, reported in the log), so that it never delays an error, a timeout or
+# the end of a loop that broke off.
+_ABANDON_S = 0.1
 
 
 class _StageSpec:
@@ -468,13 +473,14 @@ class EpochIterator:
             return self._pipeline.get_item(timeout=self._timeout)
         except EOFError:  # the end, or the stream a failure ended: stop() raises it
             if self._gate is None or self._gate.choice is None:
-                self._pipeline.stop()
+                self._release()
+                self._pipeline.stop(timeout=_ABANDON_S)
             raise StopIteration from None
 
     def _stop_pipeline(self) -> None:
         """Stop the pipeline; its failure, if any, was raised from ``next()`` already."""
         try:
-            self._pipeline.stop()
+            self._pipeline.stop(timeout=_ABANDON_S)
         except PipelineFailure:
             pass
 
@@ -531,19 +537,10 @@ class EpochIterator:
         if self._closed:
             return
         self._closed = True
-        if self._tokens is not None:
-            self._tokens.close()
         self._record_tuning()
-        loader = self._loader
-        persistent = loader._process_workers
-        if persistent is not None:
-            persistent.cancel_pending()  # its threads wait for batches no one will take
-        if self._workers is not None:
-            self._workers.shutdown()
-            self._workers = None
-        if self._iterable is not None:
-            self._iterable.close()
+        self._release()
         self._stop_pipeline()
+        loader = self._loader
         probe = self._probe
         if probe is not None and not probe.done and loader.worker_choice is None:
             # An epoch too short to decide in: decide for the next one from what it saw.
@@ -552,6 +549,20 @@ class EpochIterator:
                 more = loader.worker_init_fn is None
                 size = loader.batch_size or 1
                 loader._chose(decide(measured, loader.num_workers, size, more_threads=more))
+
+    def _release(self) -> None:
+        """Wake whatever the pipeline's threads may wait on outside the pipeline: the
+        source's batch tokens, worker processes, iterable worker threads."""
+        if self._tokens is not None:
+            self._tokens.close()
+        persistent = self._loader._process_workers
+        if persistent is not None:
+            persistent.cancel_pending()  # its threads wait for batches no one will take
+        if self._workers is not None:
+            self._workers.shutdown()
+            self._workers = None
+        if self._iterable is not None:
+            self._iterable.close()
 
     def _record_tuning(self) -> None:
         for stats in self._pipeline.get_stats():  # where "auto" stages settled

@@ -61,7 +61,10 @@ __all__ = [
 
 WINDOW_S = 0.1
 WINDOW_BATCHES = 4
-MIN_PROCESS_BATCH_S = 0.002
+# Measured here (benchmarks/swap.py, 2 cores): a tokenizer batch of 1.7 ms of GIL-held CPU
+# ran 1.7x as fast in worker processes as on threads; 256 path strings (0.3 ms a batch)
+# ran 2x torch's rate on threads.
+MIN_PROCESS_BATCH_S = 0.0005
 COPY_BYTES_PER_S = 2e9  # one copy into memory that may not be faulted in yet (measured: 2-5)
 MAX_IO_THREADS = 64
 _PARALLEL = 0.75  # of the cores the threads could use
