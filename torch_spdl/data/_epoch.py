@@ -56,6 +56,9 @@ _END: Any = object()
 # (a daemon thread, reported in the log), so that it never delays an error, a timeout or
 # the end of a loop that broke off.
 _ABANDON_S = 0.1
+# Made batches waiting for the next stage: batches are large (a queue of the engine's
+# default 64 held 64 MB of 1 MB batches, more memory than torch's whole loader).
+_BATCH_QUEUE = 2
 
 
 class _StageSpec:
@@ -279,7 +282,11 @@ class EpochIterator:
             name="getitem",
         )
         collate_fn = self._collate().collate_fn
-        builder.pipe(SettleBatch(self._budget, collate_fn, loader._auto_collation), name="settle")
+        builder.pipe(
+            SettleBatch(self._budget, collate_fn, loader._auto_collation),
+            name="settle",
+            queue_size=_BATCH_QUEUE,
+        )
         return self._finish(builder)
 
     def _build_processes(
@@ -310,7 +317,11 @@ class EpochIterator:
             name="getitem" if split < 0 else "process",
         )
         collate_fn = loader.collate_fn
-        builder.pipe(SettleBatch(self._budget, collate_fn, loader._auto_collation), name="settle")
+        builder.pipe(
+            SettleBatch(self._budget, collate_fn, loader._auto_collation),
+            name="settle",
+            queue_size=_BATCH_QUEUE,
+        )
         return self._finish(builder)
 
     def _build_samples(

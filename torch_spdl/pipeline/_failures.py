@@ -60,6 +60,10 @@ class FailureBudget:
         self._lock = threading.Lock()
         self.count = 0
 
+    @property
+    def is_rate(self) -> bool:
+        return isinstance(self.limit, Fraction)
+
     def describe(self) -> str:
         if isinstance(self.limit, Fraction):
             after = probation(self.limit)

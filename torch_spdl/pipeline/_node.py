@@ -116,7 +116,15 @@ class Node:
         Called once, by the last worker to leave. A failure rate is checked here too, so
         that failures made during the probation count once the stage has seen enough.
         """
-        if self._failure is None and self.upstream_error() is None and self.budget.exceeded():
+        with self._lock:
+            failed_here = self._num_failed
+        if (
+            self._failure is None
+            and self.upstream_error() is None
+            and failed_here  # a shared budget is tripped by the stage whose failure tips it
+            and self.budget.is_rate  # a count is checked as each failure is added
+            and self.budget.exceeded()
+        ):
             self._trip(None, None)
         return self._failure or self.upstream_error()
 
