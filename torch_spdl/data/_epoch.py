@@ -281,9 +281,13 @@ class EpochIterator:
             output_order="input" if loader.in_order else "completion",
             name="getitem",
         )
-        collate_fn = self._collate().collate_fn
+        return self._settle(builder, self._collate().collate_fn)
+
+    def _settle(self, builder: PipelineBuilder[Any, Any], collate_fn: Any) -> Any:
+        """The failure budget on whole batches (``collate_fn`` collates what is left of a
+        batch some of whose samples were skipped), then the end of the pipeline."""
         builder.pipe(
-            SettleBatch(self._budget, collate_fn, loader._auto_collation),
+            SettleBatch(self._budget, collate_fn, self._loader._auto_collation),
             name="settle",
             queue_size=_BATCH_QUEUE,
         )
@@ -316,13 +320,7 @@ class EpochIterator:
             output_order=ordered,
             name="getitem" if split < 0 else "process",
         )
-        collate_fn = loader.collate_fn
-        builder.pipe(
-            SettleBatch(self._budget, collate_fn, loader._auto_collation),
-            name="settle",
-            queue_size=_BATCH_QUEUE,
-        )
-        return self._finish(builder)
+        return self._settle(builder, loader.collate_fn)
 
     def _build_samples(
         self, threads: int | None, batches: Iterator[tuple[int, list[Any]]]
