@@ -920,3 +920,33 @@ def test_async_input_order_with_idle_consumer_stays_bounded():
         assert not source.wait_until(lambda n: n > bound, 0.5), source.pulled
     finally:
         pipeline.stop()
+
+
+# -- a process pool's stage sends chunks of small items ---------------------------------------
+def _square_unless_13(x: int) -> int:
+    if x == 13:
+        raise ValueError("13 is unlucky")
+    return x * x
+
+
+@pytest.mark.parametrize("order", ["completion", "input"])
+def test_process_pool_stage_delivers_each_item_once_and_fails_items_alone(order: str) -> None:
+    """Small items go to the pool in chunks: each result once, in input order when asked,
+    and a failing item fails alone (counted against max_failures)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2) as pool:
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(2000))
+            .pipe(
+                _square_unless_13, concurrency=3, executor=pool, output_order=order, max_failures=1
+            )
+            .add_sink(16)
+            .build()
+        )
+        got = list(pipeline)
+    want = [x * x for x in range(2000) if x != 13]
+    assert (got if order == "input" else sorted(got)) == want
+    stats = [s for s in pipeline.get_stats() if "square" in s.name]
+    assert [(s.num_in, s.num_failed) for s in stats] == [(2000, 1)]

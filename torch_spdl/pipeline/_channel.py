@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["EOF", "Channel", "ChannelAborted"]
+__all__ = ["EMPTY", "EOF", "Channel", "ChannelAborted"]
 
 
 class _EndOfStream:
@@ -31,6 +31,7 @@ class _EndOfStream:
 
 
 EOF: Any = _EndOfStream()
+EMPTY: Any = object()  # get_nowait: nothing waiting
 
 
 class ChannelAborted(Exception):
@@ -200,6 +201,12 @@ class Channel(Generic[T]):
         if self._closed:
             return EOF
         return self._mutex
+
+    def get_nowait(self) -> Any:
+        """The next item if one is waiting, else ``EMPTY``; ``EOF`` once closed and drained."""
+        with self._mutex:
+            item = self._try_get()
+        return EMPTY if item is self._mutex else item
 
     def get(self, timeout: float | None = None) -> T:
         """Take the next item, blocking; ``EOF`` once closed and drained.

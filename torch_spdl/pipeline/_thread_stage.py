@@ -6,6 +6,13 @@ With a user executor (a dedicated ``ThreadPoolExecutor``, a ``ProcessPoolExecuto
 worker hands its item to the executor and waits, so the executor does the work while
 ``concurrency`` bounds how many items are in flight.
 
+With a ``ProcessPoolExecutor`` a round trip costs hundreds of microseconds and a pickle
+each way, more than a small op itself: a worker then sends the items already waiting in its
+input queue together, as one task (``call_each``), as many as make a task of about
+:data:`CHUNK_S` by the time measured so far (at most :data:`MAX_CHUNK`), and the results
+come back as one list. A slow op gets chunks of one item, as before; a failing item fails
+alone. (Not with hooks, tracing or ``concurrency="auto"``, which count items one by one.)
+
 An autotuned stage (``concurrency="auto"``) starts its workers lazily, as the autotuner
 raises the limit, and parks the workers above the limit on a condition variable (no
 polling); only those stages pay for the check, once per item. Tracing wraps the op once per
@@ -17,19 +24,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import BrokenExecutor, Executor
+from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ._channel import EOF, ChannelAborted
+from ._channel import EMPTY, EOF, ChannelAborted
 from ._hooks import hooked_sync
 from ._node import OpStage
-from ._ops import OpKind, call_to_list
+from ._ops import OpKind, call_each, call_to_list
 
 if TYPE_CHECKING:
     from ._runtime import Runtime
 
-__all__ = ["ThreadStage"]
+__all__ = ["CHUNK_S", "MAX_CHUNK", "ThreadStage"]
+
+CHUNK_S = 0.002  # a process-pool task of at least this long makes its round trip cheap
+MAX_CHUNK = 32
 
 
 class ThreadStage(OpStage):
@@ -189,6 +199,15 @@ class ThreadStage(OpStage):
 
     # Everything else: an executor, or input order, or both.
     def _run_general(self, counters: Any, index: int) -> Callable[[], None] | None:
+        if (
+            isinstance(self.executor, ProcessPoolExecutor)
+            and self.kind is OpKind.FUNC
+            and not self.hooks
+            and self.tracer is None
+            and not self.auto
+        ):
+            self._loop_chunked(counters)
+            return None
         compute, close = self._compute_fn()
         try:
             self._loop_general(counters, index, compute)
@@ -238,6 +257,68 @@ class ThreadStage(OpStage):
                 for out in outs:
                     put(out)
                     counters.num_out += 1
+
+    def _loop_chunked(self, counters: Any) -> None:
+        """The general loop, a chunk of waiting items per process-pool task."""
+        get, put, clock = self.inbox.get, self.outbox.put, time.perf_counter
+        executor, op, ordered = self.executor, self.op, self.ordered
+        assert executor is not None
+        per_item: float | None = None  # seconds per item, round trip included (averaged)
+        while True:
+            limit = 1 if per_item is None else int(CHUNK_S / max(per_item, 1e-9))
+            limit = max(1, min(MAX_CHUNK, limit))
+            if ordered:
+                self._window.acquire()
+                with self._take_lock:
+                    items = self._take_chunk(get, limit)
+                    if not items:
+                        self._window.release()
+                        return
+                    seq = self._next_seq
+                    self._next_seq += 1
+            else:
+                items = self._take_chunk(get, limit)
+                if not items:
+                    return
+            counters.num_in += len(items)
+            t0 = clock()
+            try:
+                results = executor.submit(call_each, op, items).result()
+            except BrokenExecutor as exc:
+                self._executor_broken(exc)
+                return
+            except Exception as exc:  # the chunk did not cross (an item that does not pickle)
+                results = [(False, exc)] * len(items)
+            elapsed = clock() - t0
+            counters.op_time += elapsed
+            now = elapsed / len(items)
+            per_item = now if per_item is None else 0.8 * per_item + 0.2 * now
+            outs: list[Any] = []
+            for item, (ok, value) in zip(items, results, strict=True):
+                if ok:
+                    _append(outs, value)
+                else:
+                    self.record_failure(item, value)
+            if ordered:
+                self._emit_in_order(seq, outs, counters)
+            else:
+                for out in outs:
+                    put(out)
+                    counters.num_out += 1
+
+    def _take_chunk(self, get: Callable[[], Any], limit: int) -> list[Any]:
+        """The next item (waiting for it) and up to ``limit - 1`` more that are there."""
+        first = get()
+        if first is EOF:
+            return []
+        items = [first]
+        get_nowait = self.inbox.get_nowait
+        while len(items) < limit:
+            item = get_nowait()
+            if item is EOF or item is EMPTY:
+                break
+            items.append(item)
+        return items
 
     def _compute_fn(self) -> tuple[Callable[[Any, list[Any]], None], Callable[[], None] | None]:
         """A function that appends the op's outputs for an item to a list, and the closer of
