@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 import torch
 from _dl_helpers import MapData, ShardedByWorker, assert_same_batches
-from _sync import WAIT
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, IterableDataset
 
@@ -211,8 +210,8 @@ class Stalls(Dataset):
         return 16
 
     def __getitem__(self, i: int) -> int:
-        if i == 4:
-            self.release.wait(WAIT)
+        if i == 4:  # in torch's worker process the event is a copy: it waits out its bound
+            self.release.wait(3.0)
         return i
 
 
