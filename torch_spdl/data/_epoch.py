@@ -242,7 +242,7 @@ class EpochIterator:
             current = WorkerChoice("thread", threads, True, "measuring")
             self._gate = SwitchGate()
             batches = self._batches(0)  # now stopped by the gate when the plan changes
-            self._probe = Probe()
+            self._probe = Probe(min(WINDOW_BATCHES, threads))
             op = LoadInThreads(
                 dataset,
                 self._collate().collate_fn,
@@ -554,7 +554,7 @@ class EpochIterator:
         if probe is not None and not probe.done and loader.worker_choice is None:
             # An epoch too short to decide in: decide for the next one from what it saw.
             measured = probe.final()
-            if measured is not None and measured.batches >= WINDOW_BATCHES:
+            if measured is not None and measured.batches >= probe.min_batches:
                 more = loader.worker_init_fn is None
                 size = loader.batch_size or 1
                 loader._chose(decide(measured, loader.num_workers, size, more_threads=more))

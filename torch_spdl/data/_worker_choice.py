@@ -2,7 +2,8 @@
 
 The first epoch starts at once on ``num_workers`` threads, each loading whole batches, and
 measures every batch: the wall time and the thread's CPU time spent in ``__getitem__``,
-over a window of at least :data:`WINDOW_S` and :data:`WINDOW_BATCHES` batches. Two figures
+over a window of at least :data:`WINDOW_S` and :data:`WINDOW_BATCHES` batches (or one
+batch per thread, when there are fewer threads: slow batches then decide sooner). Two figures
 decide (:func:`decide`):
 
 - ``P``, the CPU seconds ``__getitem__`` used per second of the window, summed over the
@@ -152,7 +153,8 @@ def decide(
 class Probe:
     """Measures whole-batch loads on threads until the window is full."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_batches: int = WINDOW_BATCHES) -> None:
+        self.min_batches = min_batches
         self._lock = threading.Lock()
         self._start: float | None = None
         self._end = 0.0
@@ -184,7 +186,7 @@ class Probe:
             if self._start is None:
                 return None
             window = self._end - self._start
-            if self._batches < WINDOW_BATCHES or window < WINDOW_S:
+            if self._batches < self.min_batches or window < WINDOW_S:
                 return None
             return self._figures(window)
 
