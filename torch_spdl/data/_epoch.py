@@ -140,6 +140,7 @@ class EpochIterator:
             else None
         )
         self._tokens: Tokens | None = None
+        self._held = 0  # batches held outside the sink by a whole-batch path
         self._gate: SwitchGate | None = None
         self._probe: Probe | None = None
         self._iterable: IterableWorkers | None = None
@@ -199,6 +200,7 @@ class EpochIterator:
         collate_fn = loader.collate_fn
         if is_default_collate(collate_fn):
             # buffers in use: the sink, the collate workers, the consumer's batch, one spare
+            # (pooling every batch a whole-batch path holds kept more memory: measured)
             cc_max = _bound(loader.collate_concurrency, "cpu")
             collate_fn = loader._recycling_collate(self._buffer_size() + cc_max + 2)
         return Collate(collate_fn, loader._auto_collation, tagged=self._map_style)
@@ -281,9 +283,9 @@ class EpochIterator:
             output_order="input" if loader.in_order else "completion",
             name="getitem",
         )
-        return self._settle(builder, self._collate().collate_fn)
+        return self._settle(builder, self._collate().collate_fn, threads)
 
-    def _settle(self, builder: PipelineBuilder[Any, Any], collate_fn: Any) -> Any:
+    def _settle(self, builder: PipelineBuilder[Any, Any], collate_fn: Any, loading: int) -> Any:
         """The failure budget on whole batches (``collate_fn`` collates what is left of a
         batch some of whose samples were skipped), then the end of the pipeline."""
         builder.pipe(
@@ -291,6 +293,7 @@ class EpochIterator:
             name="settle",
             queue_size=_BATCH_QUEUE,
         )
+        self._held = loading + _BATCH_QUEUE
         return self._finish(builder)
 
     def _build_processes(
@@ -320,7 +323,7 @@ class EpochIterator:
             output_order=ordered,
             name="getitem" if split < 0 else "process",
         )
-        return self._settle(builder, loader.collate_fn)
+        return self._settle(builder, loader.collate_fn, workers.num_workers * prefetch)
 
     def _build_samples(
         self, threads: int | None, batches: Iterator[tuple[int, list[Any]]]
@@ -403,8 +406,14 @@ class EpochIterator:
         return group
 
     def _buffer_size(self) -> int:
+        """The sink's batches: torch's ``prefetch_factor * num_workers`` batches in flight,
+        less those the whole-batch paths already hold (a batch per loading thread or worker
+        arena, and the settle queue), so that as many large batches exist at once as under
+        torch."""
         loader = self._loader
-        return loader.buffer_size or max((loader.prefetch_factor or 2) * loader.num_workers, 2)
+        if loader.buffer_size:
+            return loader.buffer_size
+        return max((loader.prefetch_factor or 2) * loader.num_workers - self._held, 2)
 
     def _stage_specs(self, threads: int | None) -> list[_StageSpec]:
         """The per-sample stages, all on threads (``threads`` runs a plain ``__getitem__``)."""
