@@ -220,7 +220,7 @@ class ThreadStage(OpStage):
     def _loop_general(
         self, counters: Any, index: int, compute: Callable[[Any, list[Any]], None]
     ) -> None:
-        get, put, clock, ordered = self.inbox.get, self.outbox.put, time.perf_counter, self.ordered
+        get, clock, ordered = self.inbox.get, time.perf_counter, self.ordered
         if self.tracer is not None:
             compute = self.tracer.wrap(self, index, compute, generator=False)
         gate = partial(self._gate, index) if self.auto else None
@@ -251,16 +251,11 @@ class ThreadStage(OpStage):
             except Exception as exc:  # what a generator yielded before it raised is kept
                 self.record_failure(item, exc)
             counters.op_time += clock() - t0
-            if ordered:
-                self._emit_in_order(seq, outs, counters)
-            else:
-                for out in outs:
-                    put(out)
-                    counters.num_out += 1
+            self._emit(seq if ordered else None, outs, counters)
 
     def _loop_chunked(self, counters: Any) -> None:
         """The general loop, a chunk of waiting items per process-pool task."""
-        get, put, clock = self.inbox.get, self.outbox.put, time.perf_counter
+        get, clock = self.inbox.get, time.perf_counter
         executor, op, ordered = self.executor, self.op, self.ordered
         assert executor is not None
         per_item: float | None = None  # seconds per item, round trip included (averaged)
@@ -299,12 +294,7 @@ class ThreadStage(OpStage):
                     _append(outs, value)
                 else:
                     self.record_failure(item, value)
-            if ordered:
-                self._emit_in_order(seq, outs, counters)
-            else:
-                for out in outs:
-                    put(out)
-                    counters.num_out += 1
+            self._emit(seq if ordered else None, outs, counters)
 
     def _take_chunk(self, get: Callable[[], Any], limit: int) -> list[Any]:
         """The next item (waiting for it) and up to ``limit - 1`` more that are there."""
@@ -349,6 +339,15 @@ class ThreadStage(OpStage):
         if self.hooks:
             call, close = hooked_sync(call, self.hooks, generator=False)
         return (lambda item, outs: _append(outs, call(item))), close
+
+    def _emit(self, seq: int | None, outs: list[Any], counters: Any) -> None:
+        """Put an item's outputs: at once, or in input order (``seq``: its place)."""
+        if seq is not None:
+            self._emit_in_order(seq, outs, counters)
+            return
+        for out in outs:
+            self.outbox.put(out)
+            counters.num_out += 1
 
     def _emit_in_order(self, seq: int, outs: Any, counters: Any) -> None:
         with self._emit_lock:
