@@ -184,8 +184,10 @@ class EpochIterator:
 
     def _batches(self, first: int) -> Iterator[tuple[int, list[Any]]]:
         loader = self._loader
+        # A copy of the restored skip set: delivering batches changes the live one.
+        skip = set(self._extra)
         return batch_tasks(
-            self._chosen, loader._auto_collation, first, self._watermark, self._extra, self._gate
+            self._chosen, loader._auto_collation, first, self._watermark, skip, self._gate
         )
 
     def _token_count(self, specs: list[_StageSpec]) -> int:
