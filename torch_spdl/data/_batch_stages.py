@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ._fetch import Fetched, fetch_batch
 from ._process_workers import ProcessWorkers
@@ -169,13 +170,9 @@ def receive_from_workers(item: tuple[int, Any]) -> tuple[int, Any]:
 
 def tensor_bytes(batch: Any) -> int:
     """The bytes of the tensors in a (nested) batch."""
-    if isinstance(batch, torch.Tensor):
-        return batch.numel() * batch.element_size()
-    if isinstance(batch, dict):
-        return sum(tensor_bytes(v) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(tensor_bytes(v) for v in batch)
-    return 0
+    return sum(
+        t.numel() * t.element_size() for t in tree_leaves(batch) if isinstance(t, torch.Tensor)
+    )
 
 
 class SettleBatch:

@@ -148,9 +148,10 @@ class EpochIterator:
         if self._map_style:
             first = next(indices, _END)  # the sampler's own draws happen now, in this thread
             self._chosen = _chain(first, indices)
-            self._pipeline = self._build_map(loader._epoch_plan(), self._batches(0)).build(
-                max_failures=0
-            )
+            plan = loader._epoch_plan()
+            if plan == "probe":  # before the source: it stops where the plan changes
+                self._gate = SwitchGate()
+            self._pipeline = self._build_map(plan, self._batches(0)).build(max_failures=0)
         else:
             self._pipeline = self._build_iterable(self._iterable_source()).build(max_failures=0)
         self._timeout = loader.timeout if loader.timeout > 0 else None
@@ -244,8 +245,6 @@ class EpochIterator:
         if plan == "probe":
             threads = loader._threads
             current = WorkerChoice("thread", threads, True, "measuring")
-            self._gate = SwitchGate()
-            batches = self._batches(0)  # now stopped by the gate when the plan changes
             self._probe = Probe(min(WINDOW_BATCHES, threads))
             op = LoadInThreads(
                 dataset,

@@ -88,21 +88,21 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Writer(pickle.Pickler):
-    """Pickles a batch, putting each plain CPU tensor into the arena."""
+    """Pickles a batch, giving each plain CPU tensor its place in the arena (``placed``:
+    ``(offset, tensor)``, copied there once the arena is large enough)."""
 
-    def __init__(self, file: io.BytesIO, arena: Arena, tensors: list[torch.Tensor]) -> None:
+    def __init__(self, file: io.BytesIO) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._arena = arena
-        self._tensors = tensors
-        self._end = 0
+        self.placed: list[tuple[int, torch.Tensor]] = []
+        self.end = 0
 
     def persistent_id(self, obj: Any) -> Any:
         if not _shareable(obj):
             return None
         nbytes = obj.numel() * obj.element_size()
-        offset = self._end
-        self._end = -(-(offset + nbytes) // _ALIGN) * _ALIGN
-        self._tensors.append(obj)
+        offset = self.end
+        self.end = -(-(offset + nbytes) // _ALIGN) * _ALIGN
+        self.placed.append((offset, obj))
         return ("tensor", offset, nbytes, obj.dtype, tuple(obj.shape))
 
 
@@ -113,16 +113,13 @@ def dump_batch(batch: Any, arena: Arena | None) -> tuple[bytes, int]:
     if arena is None:
         return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0
     buf = io.BytesIO()
-    tensors: list[torch.Tensor] = []
-    writer = _Writer(buf, arena, tensors)
+    writer = _Writer(buf)
     writer.dump(batch)
-    arena.ensure(writer._end)
-    offset = 0
-    for t in tensors:  # the offsets the writer handed out, in the same order
+    arena.ensure(writer.end)
+    for offset, t in writer.placed:
         nbytes = t.numel() * t.element_size()
         if nbytes:
             arena.view(offset, nbytes).copy_(_flat_bytes(t))
-        offset = -(-(offset + nbytes) // _ALIGN) * _ALIGN
     return buf.getvalue(), arena.size
 
 
