@@ -357,3 +357,32 @@ def test_persistent_workers_keep_their_processes_until_shutdown(nothing_left: No
     epochs = [{pid for b in loader for pid in b["pid"].tolist()} for _ in range(2)]
     assert epochs[0] == epochs[1] and len(epochs[0]) == 2 and os.getpid() not in epochs[0]
     loader.shutdown()  # the fixture checks that they are gone
+
+
+# -- batches the training loop keeps --------------------------------------------------------
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_kept_batch_stays_intact_while_later_batches_load(
+    persistent: bool, nothing_left: None
+) -> None:
+    """Batches from worker processes view shared memory that later batches reuse: one the
+    loop keeps (here: one in ten, and every batch of the first epoch) must never be
+    written over, nor stop the loader, however many are kept."""
+    loader: Any = DataLoader(
+        SmallArrays(120),
+        batch_size=3,
+        num_workers=2,
+        worker_type="process",
+        persistent_workers=persistent,
+    )
+    ref = [b.clone() for b in TorchDataLoader(SmallArrays(120), batch_size=3)]
+    kept = list(loader)  # every batch alive at once: more than the loader has arenas
+    sparse = [b for i, b in enumerate(loader) if i % 10 == 0]
+    again = list(loader)
+    for got in (kept, again):
+        assert_same_batches(got, ref)
+    assert_same_batches(sparse, ref[::10])
+    if persistent:
+        loader.shutdown()
+    del loader
+    assert_same_batches(kept, ref)  # still valid once the workers are gone
+    del kept, sparse, again

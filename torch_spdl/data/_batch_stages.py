@@ -154,7 +154,7 @@ class SendToWorkers:
         try:
             return b, self.workers.submit(b, values, self.split, indices)
         except Exception as exc:  # the worker died, failed to start, or was stopped
-            return b, BatchError(exc, fatal=True)
+            return b, BatchError(_detached(exc), fatal=True)
 
 
 def receive_from_workers(item: tuple[int, Any]) -> tuple[int, Any]:
@@ -165,7 +165,15 @@ def receive_from_workers(item: tuple[int, Any]) -> tuple[int, Any]:
     try:
         return b, future.result()
     except Exception as exc:  # the worker died, or the epoch ended
-        return b, BatchError(exc, fatal=True)
+        return b, BatchError(_detached(exc), fatal=True)
+
+
+def _detached(exc: Exception) -> Exception:
+    """``exc`` without the frames it was raised through here. They are this pipeline
+    thread's, down to its loop, whose queues hold batches that view the workers' shared
+    memory: an error the training loop keeps would keep them all. The error names its
+    worker; where it first went wrong is in its notes."""
+    return exc.with_traceback(None)
 
 
 def tensor_bytes(batch: Any) -> int:

@@ -145,6 +145,7 @@ class EpochIterator:
         self._probe: Probe | None = None
         self._iterable: IterableWorkers | None = None
         self._workers: ProcessWorkers | None = None  # this epoch's own (not persistent)
+        self._loading: ProcessWorkers | None = None  # the workers this epoch's batches come from
         if self._map_style:
             first = next(indices, _END)  # the sampler's own draws happen now, in this thread
             self._chosen = _chain(first, indices)
@@ -306,6 +307,7 @@ class EpochIterator:
         workers = loader._persistent_process_workers(self._base_seed, split)
         if workers is None:
             workers = self._workers = loader._make_process_workers(self._base_seed)
+        self._loading = workers
         prefetch = loader.prefetch_factor or 2
         ordered = "input" if loader.in_order else "completion"
         if split < 0:
@@ -519,6 +521,8 @@ class EpochIterator:
         return True
 
     def _delivered(self, b: int | None) -> None:
+        if self._loading is not None and b is not None:
+            self._loading.delivered(b)  # its arena is the training loop's now
         if b is None or b == self._watermark:
             self._watermark += 1
             while self._watermark in self._extra:

@@ -6,8 +6,9 @@ parallel, but a process boundary per *sample* costs hundreds of microseconds and
 each way. So a worker here does what torch's worker does: it takes a batch of indices (or,
 after a staged dataset's I/O stage ran on threads, a batch of loaded values), runs
 ``__getitem__`` (or ``__getitems__``, or the remaining stages) on each, collates the batch
-itself and hands it back through its shared-memory arena (:mod:`._shared_batch`). Only
-the indices and the batch's small metadata are pickled.
+itself and hands it back through a shared-memory arena (:mod:`._shared_batch`), which the
+batch then views until it is freed (:mod:`._leases`). Only the indices and the batch's
+small metadata are pickled.
 
 Batch ``b`` goes to worker ``b % num_workers`` and each worker runs its batches in order, as
 torch assigns them, so a dataset that draws random numbers in its workers (seeded, as
@@ -18,8 +19,9 @@ pickled; they are forked when the pool is made, by the thread that iterates the 
 before the epoch's pipeline starts any thread. A fork copies only the calling thread, and
 the child runs nothing but the dataset, the collate function and this module's loop, so a
 lock held by another thread at that moment (one of another pipeline's, say) is never
-needed in the child. Each child closes the pipes and arenas of its siblings, so that its
-parent's death reaches it as the end of its pipe.
+needed in the child. Each child closes the pipes of its siblings, so that its parent's
+death reaches it as the end of its pipe; the arenas are the loader's and any worker may
+write a batch into any of them.
 
 One receiver thread in the loader's process waits on every worker's pipe and on every
 worker's exit at once: a worker that dies (killed, ``os._exit``, a crash in C) fails the
@@ -28,6 +30,8 @@ batches it held with an error that names it, instead of leaving the loader waiti
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import itertools
 import multiprocessing as mp
 import os
@@ -40,8 +44,8 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ._collate import TensorPool
 from ._fetch import Fetched, fetch_batch
+from ._leases import NO_ARENA, Leases
 from ._shared_batch import Arena, dump_batch, load_batch
 from ._worker import set_process_worker_info
 
@@ -49,45 +53,12 @@ __all__ = ["ProcessWorkers", "WorkerFailure"]
 
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
 _WATCHDOG_S = 5.0  # how often an idle worker checks that the loader's process still lives
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+_HELD_BATCHES = 2  # arenas beyond the bound for the batches the training loop holds
 
 
 class WorkerFailure(RuntimeError):
     """A worker process exited unexpectedly, or failed to start."""
-
-
-class _Slots:
-    """The free arenas of one worker; a batch for it waits for one (or until the epoch
-    that wants it ends: ``interrupt``)."""
-
-    def __init__(self, count: int) -> None:
-        self._free = list(range(count))
-        self._cond = threading.Condition()
-        self._round = 0
-        self.closed = False
-
-    def take(self) -> int | None:
-        with self._cond:
-            start = self._round
-            while not self._free and not self.closed and self._round == start:
-                self._cond.wait()
-            if self.closed or self._round != start:
-                return None
-            return self._free.pop()
-
-    def interrupt(self) -> None:
-        with self._cond:
-            self._round += 1
-            self._cond.notify_all()
-
-    def give(self, slot: int) -> None:
-        with self._cond:
-            self._free.append(slot)
-            self._cond.notify()
-
-    def close(self) -> None:
-        with self._cond:
-            self.closed = True
-            self._cond.notify_all()
 
 
 class _Worker:
@@ -97,20 +68,16 @@ class _Worker:
         "tasks",
         "results",
         "child_ends",
-        "arenas",
-        "slots",
         "send_lock",
         "dead",
     )
 
-    def __init__(self, wid: int, in_flight: int, shared: bool) -> None:
+    def __init__(self, wid: int) -> None:
         self.wid = wid
         self.process: Any = None
         task_r, self.tasks = mp.Pipe(duplex=False)
         self.results, result_w = mp.Pipe(duplex=False)
         self.child_ends = (task_r, result_w)
-        self.arenas = [Arena() for _ in range(in_flight)] if shared else None
-        self.slots = _Slots(in_flight)
         self.send_lock = threading.Lock()
         self.dead: WorkerFailure | None = None
 
@@ -147,11 +114,16 @@ class ProcessWorkers:
             ctx = mp.get_context(ctx)
         shared = ctx.get_start_method() == "fork"
         self.num_workers = num_workers
-        self._workers = [_Worker(i, in_flight, shared) for i in range(num_workers)]
+        self._workers = [_Worker(i) for i in range(num_workers)]
         self._pending: dict[int, tuple[Future[Fetched], _Worker, int]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
-        self._pool = TensorPool(in_flight * num_workers + 4)
+        self._discarded: dict[int, int] = {}  # task -> arena, of batches no one waits for
+        # Neither holds `self`: the finalizers of batches the training loop keeps hold them.
+        count = in_flight * num_workers + _HELD_BATCHES
+        self._arenas = [Arena() for _ in range(count)] if shared else None
+        cool = functools.partial(_cool, self._arenas or [])
+        self._leases = Leases(in_flight * num_workers, _HELD_BATCHES, num_workers, cool)
         self._closed = False
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
         config = (dataset, num_workers, base_seed, worker_init_fn, collate_fn, auto_collation)
@@ -165,10 +137,9 @@ class ProcessWorkers:
                 if o is not w
                 for end in (o.tasks, o.results, *o.child_ends)
             ]
-            others_arenas = [a for o in self._workers if o is not w for a in (o.arenas or [])]
             w.process = ctx.Process(
                 target=_worker_main,
-                args=(w.wid, config, stage_fns, *w.child_ends, w.arenas, others, others_arenas),
+                args=(w.wid, config, stage_fns, *w.child_ends, self._arenas, others),
                 name=f"torch_spdl-worker-{w.wid}",
                 daemon=True,
             )
@@ -196,7 +167,7 @@ class ProcessWorkers:
         worker = self._workers[b % self.num_workers]
         if worker.dead is not None:
             raise worker.dead
-        slot = worker.slots.take()
+        slot = self._leases.take(b) if self._arenas is not None else NO_ARENA
         if slot is None:
             raise _closed()
         future: Future[Fetched] = Future()
@@ -205,6 +176,9 @@ class ProcessWorkers:
                 raise _closed()
             task_id = next(self._ids)
             self._pending[task_id] = (future, worker, slot)
+        if worker.dead is not None:  # it died while this batch waited for an arena
+            self._fail_worker(worker, worker.dead)
+            return future
         try:
             with worker.send_lock:
                 worker.tasks.send((task_id, slot, values, split, indices))
@@ -212,13 +186,18 @@ class ProcessWorkers:
             pass  # the worker is gone: the receiver fails the batch with the reason
         return future
 
+    def delivered(self, b: int) -> None:
+        """The training loop was given batch ``b`` (its arena now counts as the loop's)."""
+        self._leases.delivered(b)
+
     def cancel_pending(self) -> None:
         """Fail every batch still waited for (the epoch ended early). The workers finish
         those batches; each arena is free again when its (discarded) reply arrives."""
         with self._lock:
             pending, self._pending = self._pending, {}
-        for w in self._workers:
-            w.slots.interrupt()
+            for task_id, (_, _, slot) in pending.items():
+                self._discarded[task_id] = slot
+        self._leases.interrupt()
         for future, _, _ in pending.values():
             future.set_exception(_closed())
 
@@ -228,8 +207,7 @@ class ProcessWorkers:
             if self._closed:
                 return
             self._closed = True
-        for w in self._workers:
-            w.slots.close()
+        self._leases.close()
         self.cancel_pending()
         for w in self._workers:
             try:
@@ -247,8 +225,8 @@ class ProcessWorkers:
             w.process.close()
             for conn in (w.tasks, w.results):
                 conn.close()
-            for arena in w.arenas or ():
-                arena.close()
+        for arena in self._arenas or ():
+            arena.close()  # a batch still in use keeps its mapping until it is freed
         self._wake_r.close()
         self._wake_w.close()
 
@@ -290,28 +268,38 @@ class ProcessWorkers:
         task_id = message[1]
         with self._lock:
             entry = self._pending.pop(task_id, None)
+            discarded = self._discarded.pop(task_id, None)
         if entry is None:  # a batch of an epoch that ended: its arena is free again
-            worker.slots.give(message[2])
+            if discarded is not None:
+                self._release(discarded)
             return
         future, _, slot = entry
         try:
             outcome = self._outcome(worker, message, slot)
         except BaseException as exc:  # a batch that cannot be read back
+            self._release(slot)
             exc.add_note(f"torch_spdl.DataLoader: reading a batch from worker {worker.wid}")
             future.set_exception(exc)
         else:
             future.set_result(outcome)
-        finally:
-            worker.slots.give(slot)
+
+    def _release(self, slot: int) -> None:
+        if slot != NO_ARENA:
+            self._leases.release(slot)
 
     def _outcome(self, worker: _Worker, message: Any, slot: int) -> Fetched:
-        kind, _, _, data, size = message[:5]
-        arena = worker.arenas[slot] if worker.arenas is not None else None
-        value = load_batch(data, arena, size, self._pool)
+        kind, _, _, data, size, used = message[:6]
+        arena = self._arenas[slot] if self._arenas is not None and slot != NO_ARENA else None
+        release: Callable[[], None] = _nothing
+        if arena is not None:  # the leases only: a batch the loop keeps keeps no workers
+            release = functools.partial(self._leases.release, slot)
+            if used:
+                self._leases.written(slot)
+        value = load_batch(data, arena, size, used, release)
         if kind == "ok":
             return Fetched(batch=value)
         errors = []
-        for pos, index, exc_data, text in message[5]:
+        for pos, index, exc_data, text in message[6]:
             error = _rebuild(exc_data, text)
             error.add_note(
                 f"torch_spdl.DataLoader: (in worker process {worker.wid}, pid {worker.process.pid})"
@@ -338,9 +326,17 @@ class ProcessWorkers:
         with self._lock:
             mine = [k for k, (_, w, _) in self._pending.items() if w is worker]
             entries = [self._pending.pop(k) for k in mine]
-        worker.slots.close()
-        for future, _, _ in entries:
+        for future, _, slot in entries:  # a dead worker writes no arena any more
+            self._release(slot)
             future.set_exception(error)
+
+
+def _cool(arenas: list[Arena], slot: int) -> None:
+    arenas[slot].cool()
+
+
+def _nothing() -> None:
+    pass
 
 
 def _closed() -> RuntimeError:
@@ -348,6 +344,20 @@ def _closed() -> RuntimeError:
 
 
 # -- the worker process ---------------------------------------------------------------------
+def _return_large_blocks() -> None:
+    """Make the C allocator give a block of 1 MiB or more back to the system when it is
+    freed. glibc raises that threshold as large blocks come and go, after which every
+    batch the worker collates (then copies into an arena) grows a heap that is never
+    trimmed: megabytes per worker that torch's workers, which collate straight into shared
+    memory, do not keep. A no-op where the C library is not glibc."""
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
+
 def _pack_error(exc: BaseException) -> tuple[bytes | None, str]:
     """The exception itself when it survives a pickle round trip, and its traceback."""
     text = "".join(traceback.format_exception(exc))
@@ -376,12 +386,10 @@ def _worker_main(
     results: Connection,
     arenas: list[Arena] | None,
     others: list[Connection],
-    others_arenas: list[Arena],
 ) -> None:
     for conn in others:
         conn.close()
-    for arena in others_arenas:
-        arena.close()
+    _return_large_blocks()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
     dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation = config
     try:
@@ -406,7 +414,7 @@ def _worker_main(
         task_id, slot, values, split, indices = task
         if split not in steps_cache and split >= 0 and stage_fns is not None:
             steps_cache[split] = stage_fns(dataset, split)
-        arena = arenas[slot] if arenas is not None else None
+        arena = arenas[slot] if arenas is not None and slot != NO_ARENA else None
         steps = steps_cache.get(split) if split >= 0 else None
         results.send(
             _load(
@@ -437,8 +445,6 @@ def _load(
 ) -> tuple[Any, ...]:
     fetched = fetch_batch(dataset, values, indices, steps, collate_fn, auto_collation)
     if fetched.errors is None:
-        data, size = dump_batch(fetched.batch, arena)
-        return ("ok", task_id, slot, data, size)
-    data, size = dump_batch(fetched.samples, arena)
+        return ("ok", task_id, slot, *dump_batch(fetched.batch, arena))
     errors = [(pos, index, *_pack_error(exc)) for pos, index, exc in fetched.errors]
-    return ("failed", task_id, slot, data, size, errors)
+    return ("failed", task_id, slot, *dump_batch(fetched.samples, arena), errors)

@@ -1,21 +1,25 @@
 """How a batch crosses from a worker process to the loader: metadata pickled, tensors in
-shared memory that is made once and reused.
+shared memory that is made once and reused, and handed to the training loop without a copy.
 
 torch's worker processes move every tensor of every batch into a new shared-memory segment
 and pass its file descriptor through a helper thread: a new mapping, fresh pages and a
-descriptor hand-off per tensor per batch. Here each worker owns a few *arenas*, one per
-batch it may have in flight; an arena is an anonymous shared file (``memfd``) that both
-processes have mapped since the fork. The worker pickles the batch with every tensor replaced
-by a reference to where it copied the tensor's bytes in its arena; the loader unpickles it,
-copying each tensor out of the arena, and the arena is free for the worker's next batch.
-Only the references and the non-tensor parts of the batch are pickled.
+descriptor hand-off per tensor per batch. Here the loader owns a few *arenas*, one per batch
+that may exist at once (``_leases``); an arena is an anonymous shared file (``memfd``) that
+the loader and every worker have mapped since the fork. The worker pickles the batch with
+every tensor replaced by a reference to where it copied the tensor's bytes in the arena; the
+loader unpickles it into tensors that *view* the arena, so the batch exists once, in shared
+memory, as under torch. When the last of those tensors is freed, a finalizer gives the arena
+back for another batch. Only the references and the non-tensor parts of the batch are
+pickled.
 
 An arena grows when a batch does not fit: the worker enlarges the file and maps it again,
 and the reply says the new size, so the loader maps it again too. Nothing is ever named in
-``/dev/shm``: the files vanish with the last process holding them, even after a crash.
+``/dev/shm``: the files vanish with the last process holding them, even after a crash, and a
+mapping that tensors still view outlives its file descriptor until they are freed.
 
 Without ``fork`` (a ``spawn`` or ``forkserver`` context) the file cannot be inherited, and
-batches travel by value through the pipe instead.
+batches travel by value through the pipe instead (as does a batch sent when no arena is
+free).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ import io
 import mmap
 import os
 import pickle
+import weakref
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
-
-from ._collate import MIN_POOLED_BYTES, TensorPool
 
 __all__ = ["Arena", "dump_batch", "load_batch"]
 
@@ -54,20 +59,36 @@ class Arena:
         """Map the file again after it grew to ``size`` bytes (either side)."""
         if size == 0 or (size == self.size and self._map is not None):
             return  # nothing written yet, or already mapped at this size
-        if self._map is not None:
-            self._map.close()
+        self._unmap()
         self._map = mmap.mmap(self.fd, size)
         self.size = size
+
+    def _unmap(self) -> None:
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # tensors still view it: unmapped when they are freed
+                pass
+            self._map = None
 
     def view(self, offset: int, nbytes: int) -> torch.Tensor:
         """``nbytes`` of the arena at ``offset`` as a flat uint8 tensor (no copy)."""
         assert self._map is not None
         return torch.frombuffer(self._map, dtype=torch.uint8, count=nbytes, offset=offset)
 
-    def close(self) -> None:
+    def cool(self) -> None:
+        """Give the file's pages back to the system (they are zero when next touched)."""
         if self._map is not None:
-            self._map.close()
-            self._map = None
+            self._map.madvise(mmap.MADV_REMOVE)
+
+    def lend(self, nbytes: int) -> np.ndarray:
+        """The arena's first ``nbytes`` as an array that tensors may view (no copy); the
+        mapping stays valid while any of them lives."""
+        assert self._map is not None
+        return np.frombuffer(self._map, dtype=np.uint8, count=nbytes)
+
+    def close(self) -> None:
+        self._unmap()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -106,12 +127,13 @@ class _Writer(pickle.Pickler):
         return ("tensor", offset, nbytes, obj.dtype, tuple(obj.shape))
 
 
-def dump_batch(batch: Any, arena: Arena | None) -> tuple[bytes, int]:
+def dump_batch(batch: Any, arena: Arena | None) -> tuple[bytes, int, int]:
     """Pickle ``batch`` for the loader; with an arena, its tensors' bytes go there.
 
-    Returns the pickle and the arena's size (the loader maps it again if it grew)."""
+    Returns the pickle, the arena's size (the loader maps it again if it grew) and the bytes
+    of it the batch uses."""
     if arena is None:
-        return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0
+        return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0, 0
     buf = io.BytesIO()
     writer = _Writer(buf)
     writer.dump(batch)
@@ -120,31 +142,37 @@ def dump_batch(batch: Any, arena: Arena | None) -> tuple[bytes, int]:
         nbytes = t.numel() * t.element_size()
         if nbytes:
             arena.view(offset, nbytes).copy_(_flat_bytes(t))
-    return buf.getvalue(), arena.size
+    return buf.getvalue(), arena.size, writer.end
 
 
 class _Reader(pickle.Unpickler):
-    def __init__(self, data: bytes, arena: Arena, pool: TensorPool | None) -> None:
+    def __init__(self, data: bytes, base: np.ndarray) -> None:
         super().__init__(io.BytesIO(data))
-        self._arena = arena
-        self._pool = pool
+        self._base = base
 
     def persistent_load(self, pid: Any) -> Any:
         _, offset, nbytes, dtype, shape = pid
-        out = None
-        if self._pool is not None and nbytes >= MIN_POOLED_BYTES:
-            out = self._pool.take(shape, dtype)
-        if out is None:
-            out = torch.empty(shape, dtype=dtype)
-        if nbytes:
-            out.reshape(-1).view(torch.uint8).copy_(self._arena.view(offset, nbytes))
-        return out
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.from_numpy(self._base[offset : offset + nbytes])
+        return flat.view(dtype).view(shape)
 
 
-def load_batch(data: bytes, arena: Arena | None, size: int, pool: TensorPool | None) -> Any:
-    """The batch :func:`dump_batch` made, its tensors copied out of the arena (which is
-    then free for the worker's next batch)."""
+def load_batch(
+    data: bytes, arena: Arena | None, size: int, used: int, release: Callable[[], None]
+) -> Any:
+    """The batch :func:`dump_batch` made, its tensors viewing the arena's first ``used``
+    bytes; ``release`` is called once none of them is left (at once if there are none)."""
     if arena is None:
+        release()
         return pickle.loads(data)
     arena.remap(size)
-    return _Reader(data, arena, pool).load()
+    if not used:
+        release()
+        return pickle.loads(data)
+    base = arena.lend(used)
+    weakref.finalize(base, release)
+    try:
+        return _Reader(data, base).load()
+    finally:
+        del base  # the batch's tensors keep it (and the arena) alive, nothing else

@@ -1,0 +1,122 @@
+"""Which worker arena holds which batch, and when an arena is free again.
+
+A batch from a worker process reaches the training loop without a copy: its tensors view
+the shared arena the worker wrote them into (``_shared_batch``). The arena is therefore busy
+from the moment a batch is sent to a worker until the last tensor viewing it is freed, which
+may be long after the loop moved on (a tensor kept in a list of outputs). ``Leases`` keeps
+that account for all the workers of a loader together:
+
+- There are ``bound + allowance`` arenas. ``bound`` is torch's ``prefetch_factor *
+  num_workers``: as under torch, no more batches than that are loading or waiting to be
+  delivered; ``allowance`` more are for the batches the training loop holds (the one it
+  works on, and the one it has just been given).
+- Sending a batch takes a free arena, waiting for one while the pipeline is full. When no
+  arena is free because the loop keeps *more* than ``allowance`` delivered batches alive,
+  waiting would never end: the batch goes without an arena instead (pickled through the
+  pipe, as with a start method other than fork), and the loop's hoard costs copies, not a
+  hang.
+- An arena is free again when the batch viewing it is garbage (``release``, from a
+  finalizer), or at once when its batch is discarded.
+- The pages of an arena stay in memory after its batch is freed, ready for the next batch
+  without a page fault; but only ``warm`` arenas keep them. Beyond that, an arena released
+  gives its pages back (``cool``, a hole punched in the shared file) and is reused last.
+  torch's loader makes fresh pages for every batch; without the limit, every arena would
+  stay resident, and the loader would hold more batches' worth of memory than torch's.
+
+The memory that batches take is then what torch's loader takes, and no private copy of a
+batch exists beside its shared one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["NO_ARENA", "Leases"]
+
+NO_ARENA = -1
+"""What :meth:`Leases.take` returns when the batch should go without an arena."""
+
+
+class Leases:
+    """The free arenas of a loader's workers, and which batch each busy one holds."""
+
+    def __init__(self, bound: int, allowance: int, warm: int, cool: Callable[[int], None]) -> None:
+        self.count = bound + allowance
+        self.allowance = allowance
+        self._warm_limit = warm
+        self._cool = cool
+        self._warm: set[int] = set()  # arenas whose pages a batch has touched
+        self._free = list(range(self.count - 1, -1, -1))  # popped from the end: 0 first
+        self._batch_of: dict[int, int] = {}  # busy arena -> the batch it holds
+        self._arena_of: dict[int, int] = {}  # batch of this epoch -> its arena
+        self._held: set[int] = set()  # arenas of batches the training loop was given
+        self._cond = threading.Condition()
+        self._round = 0
+        self.closed = False
+
+    def take(self, b: int) -> int | None:
+        """An arena for batch ``b``; ``NO_ARENA`` when the training loop holds too many
+        batches for one to come free; ``None`` when the epoch ended (``interrupt``) or the
+        workers closed while waiting."""
+        with self._cond:
+            start = self._round
+            while True:
+                if self.closed or self._round != start:
+                    return None
+                if self._free:
+                    arena = self._free.pop()
+                    self._batch_of[arena] = b
+                    self._arena_of[b] = arena
+                    return arena
+                if len(self._held) > self.allowance:
+                    return NO_ARENA
+                self._cond.wait()
+
+    def written(self, arena: int) -> None:
+        """A batch was written into ``arena``: its pages are in memory."""
+        with self._cond:
+            self._warm.add(arena)
+
+    def delivered(self, b: int) -> None:
+        """The training loop was given batch ``b``: its arena (if still busy) counts as held."""
+        with self._cond:
+            arena = self._arena_of.pop(b, None)
+            if arena is not None and self._batch_of.get(arena) == b:
+                self._held.add(arena)
+                self._cond.notify()  # a `take` may now go without an arena
+
+    def release(self, arena: int) -> None:
+        """``arena`` is free again (its batch is garbage, or was never read)."""
+        with self._cond:
+            b = self._batch_of.pop(arena, None)
+            if b is None:
+                return  # released already
+            if self._arena_of.get(b) == arena:
+                del self._arena_of[b]
+            self._held.discard(arena)
+            if arena in self._warm and len(self._warm) > self._warm_limit:
+                self._warm.discard(arena)
+                self._cool(arena)
+                self._free.insert(0, arena)  # taken last: while warm ones are free
+            else:
+                self._free.append(arena)
+            self._cond.notify()
+
+    def interrupt(self) -> None:
+        """The epoch ended: wake a ``take`` that waits, and forget this epoch's batch
+        numbers (the next epoch counts from 0 again; arenas still busy stay busy)."""
+        with self._cond:
+            self._round += 1
+            self._arena_of.clear()
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+    @property
+    def busy(self) -> int:
+        with self._cond:
+            return len(self._batch_of)
