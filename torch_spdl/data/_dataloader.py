@@ -245,6 +245,11 @@ class DataLoader(_TorchDataLoader[_T_co]):
             self._collate = RecyclingCollate(limit)
         return self._collate
 
+    def _drop_recycled_buffers(self) -> None:
+        """Batches now come from worker processes: the buffers kept for batches collated
+        on threads (while ``"auto"`` measured) would be inherited by every worker."""
+        self._collate = None
+
     def _persistent_group(self, first: WorkerGroup) -> WorkerGroup:
         """Persistent workers keep their ids (and ran ``worker_init_fn`` once)."""
         if self._group is None:

@@ -304,6 +304,7 @@ class EpochIterator:
         """Batches loaded and collated in worker processes; with ``split >= 0`` the stages
         before it run per sample on threads first."""
         loader = self._loader
+        loader._drop_recycled_buffers()
         workers = loader._persistent_process_workers(self._base_seed, split)
         if workers is None:
             workers = self._workers = loader._make_process_workers(self._base_seed)

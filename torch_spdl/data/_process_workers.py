@@ -30,7 +30,6 @@ batches it held with an error that names it, instead of leaving the loader waiti
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import itertools
 import multiprocessing as mp
@@ -46,6 +45,7 @@ from typing import Any
 
 from ._fetch import Fetched, fetch_batch
 from ._leases import NO_ARENA, Leases
+from ._libc import return_large_blocks, trim
 from ._shared_batch import Arena, dump_batch, load_batch
 from ._worker import set_process_worker_info
 
@@ -53,7 +53,6 @@ __all__ = ["ProcessWorkers", "WorkerFailure"]
 
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
 _WATCHDOG_S = 5.0  # how often an idle worker checks that the loader's process still lives
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
 _HELD_BATCHES = 2  # arenas beyond the bound for the batches the training loop holds
 
 
@@ -127,6 +126,7 @@ class ProcessWorkers:
         self._closed = False
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
         config = (dataset, num_workers, base_seed, worker_init_fn, collate_fn, auto_collation)
+        trim()  # what this process holds, every worker inherits
         for w in self._workers:
             # Every pipe end but this worker's own two (its parent's end of its task pipe
             # among them: held open in the child, the parent's death would go unnoticed).
@@ -344,20 +344,6 @@ def _closed() -> RuntimeError:
 
 
 # -- the worker process ---------------------------------------------------------------------
-def _return_large_blocks() -> None:
-    """Make the C allocator give a block of 1 MiB or more back to the system when it is
-    freed. glibc raises that threshold as large blocks come and go, after which every
-    batch the worker collates (then copies into an arena) grows a heap that is never
-    trimmed: megabytes per worker that torch's workers, which collate straight into shared
-    memory, do not keep. A no-op where the C library is not glibc."""
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, 1 << 20)
-
-
 def _pack_error(exc: BaseException) -> tuple[bytes | None, str]:
     """The exception itself when it survives a pickle round trip, and its traceback."""
     text = "".join(traceback.format_exception(exc))
@@ -389,7 +375,7 @@ def _worker_main(
 ) -> None:
     for conn in others:
         conn.close()
-    _return_large_blocks()
+    return_large_blocks()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
     dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation = config
     try:
