@@ -974,3 +974,106 @@ def test_task_stats_hook_counts_every_task_with_many_workers(n, concurrency, per
     assert len(list(pipeline)) == n - len(range(0, n, period))
     perf = hooks[0].stats()
     assert (perf.num_tasks, perf.num_failures) == (n, len(range(0, n, period)))
+
+
+# ---------------------------------------------------------------------------------------
+# 6. Queues: AsyncQueue, StatsQueue, QueuePerfStats, build(queue_class=...)
+# ---------------------------------------------------------------------------------------
+def test_a_queue_class_gets_one_queue_per_boundary_with_its_hook_around_the_run():
+    from torch_spdl.pipeline import AsyncQueue
+
+    made: list = []
+    events: list = []
+
+    class Recording(AsyncQueue):
+        def __init__(self, name, *, buffer_size=1):
+            super().__init__(name, buffer_size=buffer_size)
+            made.append((name, buffer_size))
+
+        @asynccontextmanager
+        async def stage_hook(self):
+            events.append(("enter", self.name))
+            yield
+            events.append(("exit", self.name))
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(20))
+        .pipe(_triple)
+        .aggregate(5)
+        .add_sink(7)
+        .build(queue_class=Recording, queue_size=9)
+    )
+    assert list(pipeline) == [[3 * x for x in range(i, i + 5)] for i in range(0, 20, 5)]
+    assert [size for _, size in made] == [9, 9, 7]
+    names = [name for name, _ in made]
+    assert sorted(events) == sorted([("enter", n) for n in names] + [("exit", n) for n in names])
+
+
+def test_stats_queue_measures_every_item_of_every_boundary():
+    from torch_spdl.pipeline import QueuePerfStats, StatsQueue
+
+    finals: dict = {}
+
+    class Keep(StatsQueue):
+        async def final_stats_callback(self, stats):
+            finals[self.name] = stats
+
+    pipeline = PipelineBuilder().add_source(range(50)).pipe(_triple, concurrency=3).add_sink(4)
+    assert sorted(pipeline.build(queue_class=Keep)) == [3 * x for x in range(50)]
+    assert len(finals) == 2
+    for stats in finals.values():
+        assert isinstance(stats, QueuePerfStats)
+        assert stats.num_items == 50
+        assert stats.elapsed > 0 and stats.qps == stats.num_items / stats.elapsed
+        assert stats.ave_put_time >= 0 and stats.ave_get_time >= 0
+        assert 0.0 <= stats.occupancy_rate <= 1.0
+
+
+def test_queue_perf_stats_qps_of_an_empty_period_is_zero():
+    from torch_spdl.pipeline import QueuePerfStats
+
+    assert QueuePerfStats(0.0, 0, 0.0, 0.0, 0.0).qps == 0
+    assert QueuePerfStats(2.0, 10, 0.0, 0.0, 1.0).qps == 5
+
+
+def test_queue_class_must_be_an_async_queue_class():
+    from torch_spdl.pipeline import StatsQueue
+
+    builder = PipelineBuilder().add_source(range(3)).pipe(_triple)
+    with pytest.raises(TypeError, match="AsyncQueue"):
+        builder.build(queue_class=dict)
+    with pytest.raises(TypeError, match="not an instance"):
+        builder.build(queue_class=StatsQueue("q"))
+
+
+@pytest.mark.parametrize("thread_output", [None, False, True])
+def test_stage_id_reaches_the_hooks_and_thread_output_queue_is_accepted(thread_output):
+    seen = []
+
+    def factory(info):
+        seen.append(info.stage_id)
+        return []
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(4))
+        .pipe(_triple)
+        .build(task_hook_factory=factory, stage_id=7, use_thread_output_queue=thread_output)
+    )
+    assert list(pipeline) == [0, 3, 6, 9]
+    assert seen == [7]
+
+
+def test_an_async_queue_is_still_an_asyncio_queue():
+    import asyncio
+
+    from torch_spdl.pipeline import AsyncQueue
+
+    async def use():
+        queue = AsyncQueue("q", buffer_size=2)
+        await queue.put(1)
+        async with queue.stage_hook():
+            return await queue.get(), queue.maxsize, queue.name
+
+    assert asyncio.run(use()) == (1, 2, "q")

@@ -20,12 +20,14 @@ from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._pipeline import Pipeline
 from ._plot import plot_trace
 from ._profile import ProfileReport, StageProfile, profile_pipeline
+from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._stats import StageStats
 from ._subprocess import SubprocessError, iterate_in_subprocess, run_pipeline_in_subprocess
 from ._trace import PipelineTrace, TraceSample, TraceSpan, export_chrome_trace
 
 __all__ = [
     "AggregateConfig",
+    "AsyncQueue",
     "AutotuneConfig",
     "AutotuneController",
     "AutotuneSample",
@@ -39,10 +41,12 @@ __all__ = [
     "PipelineFailure",
     "PipelineTrace",
     "ProfileReport",
+    "QueuePerfStats",
     "StageProfile",
     "StageInfo",
     "StageSample",
     "StageStats",
+    "StatsQueue",
     "SubprocessError",
     "TaskHook",
     "TaskPerfStats",

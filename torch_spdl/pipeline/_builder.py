@@ -22,6 +22,7 @@ from ._hooks import StageInfo, TaskHook, check_hooks
 from ._node import Node
 from ._ops import OpKind, classify_op, op_name
 from ._pipeline import Pipeline
+from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
 from ._runtime import Runtime
 from ._source import SourceNode
 from ._thread_stage import ThreadStage
@@ -279,6 +280,8 @@ class PipelineBuilder(Generic[T, U]):
         task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
         stage_id: int = 0,
         background_tasks: Sequence[BackgroundTaskFactory] = (),
+        queue_class: type[AsyncQueue] | None = None,
+        use_thread_output_queue: Any = None,
     ) -> Pipeline[U]:
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
@@ -299,9 +302,17 @@ class PipelineBuilder(Generic[T, U]):
         :class:`StageInfo` (default: no hooks, and no cost); ``stage_id`` is passed to it.
         ``background_tasks`` are factories of :class:`BackgroundTask`: each runs on the
         pipeline's event loop from start to stop; a failure is logged, not raised.
+        ``queue_class`` (a subclass of :class:`AsyncQueue`, such as :class:`StatsQueue`)
+        observes every queue between stages: one instance per queue, its ``stage_hook()``
+        held from start to stop, and every hand-off reported to it (see ``_queues.py``;
+        default: none, and no cost). ``use_thread_output_queue`` is accepted for SPDL
+        code: the consumer always reads the sink from its own thread here, which is what
+        that option selects in SPDL.
         """
         return build_pipeline(
             self.get_config(),
+            queue_class=queue_class,
+            use_thread_output_queue=use_thread_output_queue,
             background_tasks=background_tasks,
             task_hook_factory=task_hook_factory,
             stage_id=stage_id,
@@ -355,6 +366,8 @@ def build_pipeline(
     task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
     stage_id: int = 0,
     background_tasks: Sequence[BackgroundTaskFactory] = (),
+    queue_class: type[AsyncQueue] | None = None,
+    use_thread_output_queue: Any = None,
 ) -> Pipeline[Any]:
     """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`.
 
@@ -384,6 +397,14 @@ def build_pipeline(
             memory_limit=memory_limit,
         )
     workers = [_workers(s, num_threads) for s in config.stages]
+    queues: list[AsyncQueue] = []
+
+    def new_channel(capacity: int, name: str) -> Channel[Any]:
+        if queue_class is None:
+            return Channel(capacity, name=name)
+        queues.append(make_queue(queue_class, name, capacity, report_stats_interval))
+        return ObservedChannel(capacity, name, queues[-1])
+
     channels: list[Channel[Any]] = []
     depth = 0  # how many aggregates deep: > 0 means the items are batches
     for i, spec in enumerate(config.stages):
@@ -392,12 +413,14 @@ def build_pipeline(
         # batches sized for 64 workers would hold 128 batches
         sized = min(workers[i], 4) if isinstance(spec, PipeConfig) and spec.auto else workers[i]
         capacity = own or queue_size or queue_capacity(sized, batched=depth > 0)
-        channels.append(Channel(capacity, name=f"{i + 1}:{spec.label()} input"))
+        channels.append(new_channel(capacity, f"{i + 1}:{spec.label()} input"))
         if isinstance(spec, AggregateConfig):
             depth += 1
         elif isinstance(spec, DisaggregateConfig):
             depth = max(depth - 1, 0)
-    channels.append(Channel(config.buffer_size, name="sink"))
+    channels.append(new_channel(config.buffer_size, "sink"))
+    if queues:
+        background_tasks = [*background_tasks, queue_hooks_task(queues)]
 
     nodes: list[Node] = [SourceNode(config.source, channels[0])]
     for i, spec in enumerate(config.stages):
