@@ -1077,3 +1077,119 @@ def test_an_async_queue_is_still_an_asyncio_queue():
             return await queue.get(), queue.maxsize, queue.name
 
     assert asyncio.run(use()) == (1, 2, "q")
+
+
+# ---------------------------------------------------------------------------------------
+# 7. add_source(continuous=True): one epoch per iteration, the pipeline kept running
+# ---------------------------------------------------------------------------------------
+class _Epochs:
+    """A re-iterable source that counts its passes (its own epoch counter)."""
+
+    def __init__(self, n):
+        self.n = n
+        self.passes = 0
+
+    def __iter__(self):
+        self.passes += 1
+        yield from range(self.n)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_a_continuous_pipeline_yields_one_epoch_per_iteration(n):
+    source = _Epochs(n)
+    pipeline = (
+        PipelineBuilder()
+        .add_source(source, continuous=True)
+        .pipe(_triple, concurrency=4)
+        .add_sink(3)
+        .build(num_threads=4)
+    )
+    with pipeline.auto_stop():
+        for _ in range(3):
+            assert sorted(pipeline.get_iterator(timeout=WAIT)) == [3 * x for x in range(n)]
+    assert source.passes == 3
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_aggregate_closes_its_group_at_every_epoch_boundary(drop_last):
+    pipeline = (
+        PipelineBuilder()
+        .add_source(_Epochs(5), continuous=True)
+        .aggregate(3, drop_last=drop_last)
+        .add_sink(3)
+        .build()
+    )
+    expected = [[0, 1, 2]] if drop_last else [[0, 1, 2], [3, 4]]
+    with pipeline.auto_stop():
+        assert [list(pipeline) for _ in range(3)] == [expected] * 3
+
+
+def test_a_continuous_pipeline_declared_with_defs_and_get_item_per_epoch():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import PipelineConfig, SinkConfig, SourceConfig
+
+    config = PipelineConfig(SourceConfig(_Epochs(2), continuous=True), [], SinkConfig(2))
+    pipeline = build_pipeline(config)
+    with pipeline.auto_stop():
+        for _ in range(2):
+            assert [pipeline.get_item(timeout=WAIT) for _ in range(2)] == [0, 1]
+            with pytest.raises(EOFError, match="epoch"):
+                pipeline.get_item(timeout=WAIT)
+
+
+def test_a_continuous_pipeline_stopped_mid_epoch_stops_and_stays_stopped():
+    pipeline = PipelineBuilder().add_source(_Epochs(1000), continuous=True).build()
+    with pipeline.auto_stop():
+        it = pipeline.get_iterator(timeout=WAIT)
+        assert [next(it), next(it)] == [0, 1]
+    assert list(pipeline) == []
+
+
+def test_a_continuous_pipeline_reports_a_failure_like_any_other():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(_Epochs(5), continuous=True)
+        .pipe(fail_when(lambda x: x == 2))
+        .build(max_failures=0)
+    )
+    with pytest.raises(PipelineFailure), pipeline.auto_stop():
+        assert list(pipeline) == [0, 1]
+    # iterated without start(): the loop raises at the end of the stream
+    pipeline = (
+        PipelineBuilder()
+        .add_source(_Epochs(5), continuous=True)
+        .pipe(fail_when(lambda x: x == 2))
+        .build(max_failures=0)
+    )
+    got = []
+    with pytest.raises(PipelineFailure):
+        for x in pipeline:
+            got.append(x)
+    assert got == [0, 1]
+    pipeline.stop()
+
+
+def test_epoch_and_end_markers_are_recognised():
+    from torch_spdl.pipeline import is_eof, is_epoch_end
+
+    assert not is_eof(None) and not is_epoch_end(None) and not is_eof(0)
+
+
+def test_a_continuous_pipeline_with_a_custom_aggregator_flushes_every_epoch():
+    from torch_spdl.pipeline.defs import Aggregator
+
+    class Sum(Aggregator):
+        def __init__(self):
+            self.total = 0
+
+        def accumulate(self, item):
+            self.total += item
+            return None
+
+        def flush(self):
+            total, self.total = self.total, 0
+            return total
+
+    pipeline = PipelineBuilder().add_source(_Epochs(4), continuous=True).aggregate(Sum()).build()
+    with pipeline.auto_stop():
+        assert [list(pipeline) for _ in range(3)] == [[6]] * 3

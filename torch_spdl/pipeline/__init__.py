@@ -14,7 +14,13 @@ from ._builder import (
     PipelineConfig,
     build_pipeline,
 )
-from ._compat import create_task, iterate_in_subinterpreter, run_pipeline_in_subinterpreter
+from ._compat import (
+    create_task,
+    is_eof,
+    is_epoch_end,
+    iterate_in_subinterpreter,
+    run_pipeline_in_subinterpreter,
+)
 from ._errors import PipelineFailure
 from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._pipeline import Pipeline
@@ -56,6 +62,8 @@ __all__ = [
     "build_pipeline",
     "create_task",
     "export_chrome_trace",
+    "is_eof",
+    "is_epoch_end",
     "iterate_in_subinterpreter",
     "iterate_in_subprocess",
     "plot_trace",

@@ -7,6 +7,7 @@ times (each build is a fresh pipeline), pickled to a subprocess, or profiled sta
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -117,6 +118,7 @@ class PipelineConfig:
     source: Any
     stages: list[StageConfig] = field(default_factory=list)
     buffer_size: int = 3
+    continuous: bool = False  # add_source(continuous=True): one run per epoch, kept going
 
 
 class PipelineBuilder(Generic[T, U]):
@@ -139,15 +141,26 @@ class PipelineBuilder(Generic[T, U]):
     def __init__(self) -> None:
         self._source: Any = None
         self._has_source = False
+        self._continuous = False
         self._stages: list[StageConfig] = []
         self._buffer_size: int | None = None
 
-    def add_source(self, source: Iterable[T] | AsyncIterable[T]) -> PipelineBuilder[T, U]:
+    def add_source(
+        self, source: Iterable[T] | AsyncIterable[T], *, continuous: bool = False
+    ) -> PipelineBuilder[T, U]:
         """Set the iterable (or async iterable) that feeds the pipeline.
 
         A sync iterable runs on its own thread, so it may block (a ``Pipeline`` can be the
         source of another); an async iterable runs on the pipeline's event loop. To build
         more than once, pass a re-iterable (list, range, sampler), not a one-shot generator.
+
+        Args:
+            source: what feeds the pipeline.
+            continuous: SPDL's multi-epoch mode: the pipeline iterates ``source`` again
+                for each epoch, and each ``get_iterator()`` (or ``for`` loop) yields one
+                epoch and ends at its boundary; ``aggregate`` emits (or with
+                ``drop_last`` drops) its partial group at every boundary. The pipeline
+                runs until ``stop()``. ``source`` must be re-iterable.
         """
         if self._has_source:
             raise ValueError("the source is already set")
@@ -155,6 +168,7 @@ class PipelineBuilder(Generic[T, U]):
             raise TypeError(f"the source must be iterable or async iterable, got {source!r}")
         self._source = source
         self._has_source = True
+        self._continuous = bool(continuous)
         return self
 
     def pipe(
@@ -265,7 +279,7 @@ class PipelineBuilder(Generic[T, U]):
         if not self._has_source:
             raise RuntimeError("the source is not set: call add_source() first")
         buffer_size = 3 if self._buffer_size is None else self._buffer_size
-        return PipelineConfig(self._source, list(self._stages), buffer_size)
+        return PipelineConfig(self._source, list(self._stages), buffer_size, self._continuous)
 
     def build(
         self,
@@ -382,6 +396,12 @@ def build_pipeline(
     to_builder_config = getattr(config, "_to_builder_config", None)  # defs.PipelineConfig
     if to_builder_config is not None:
         config = to_builder_config()
+    if config.continuous:  # one fresh run per epoch, behind one Pipeline
+        options = {k: v for k, v in locals().items() if k not in ("config", "to_builder_config")}
+        one_epoch = dataclasses.replace(config, continuous=False)
+        first = build_pipeline(one_epoch, **options)
+        first.continue_with(lambda: build_pipeline(one_epoch, **options))
+        return first
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be positive, got {num_threads!r}")
     if queue_size is not None and queue_size < 1:

@@ -1,7 +1,8 @@
 """Small names SPDL code imports from ``spdl.pipeline`` that are not part of the engine.
 
-``create_task`` is SPDL's helper to start a task whose failure is logged rather than lost
-(an ``asyncio`` task that nobody awaits drops its exception silently). The subinterpreter
+``is_eof`` / ``is_epoch_end`` recognise SPDL's stream markers. ``create_task`` is SPDL's
+helper to start a task whose failure is logged rather than lost (an ``asyncio`` task that
+nobody awaits drops its exception silently). The subinterpreter
 entry points exist so that importing them works; running a pipeline in a subinterpreter
 needs Python 3.14 and is not available here, which they say when called.
 """
@@ -14,7 +15,15 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
 
-__all__ = ["create_task", "iterate_in_subinterpreter", "run_pipeline_in_subinterpreter"]
+from ._channel import EOF
+
+__all__ = [
+    "create_task",
+    "is_eof",
+    "is_epoch_end",
+    "iterate_in_subinterpreter",
+    "run_pipeline_in_subinterpreter",
+]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
@@ -44,6 +53,42 @@ def create_task(
 
     task.add_done_callback(report)
     return task
+
+
+class _EpochEnd:
+    """SPDL's epoch-boundary sentinel (see :func:`is_epoch_end`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "EPOCH_END"
+
+
+EPOCH_END: Any = _EpochEnd()
+
+
+def is_eof(item: Any) -> bool:
+    """True for the end-of-stream marker: what a custom ``Merge`` op reads from an input
+    queue once that pipeline has ended.
+
+    Args:
+        item: what was read from a queue.
+    """
+    return item is EOF
+
+
+def is_epoch_end(item: Any) -> bool:
+    """True for SPDL's epoch-boundary marker.
+
+    A continuous pipeline here runs each epoch as its own run, so the marker never
+    reaches an op or an aggregator (``aggregate`` calls ``flush()`` at every boundary
+    instead, which is what SPDL's ``Collate`` does on seeing it); the function exists for
+    code that tests for it.
+
+    Args:
+        item: an item of the stream.
+    """
+    return item is EPOCH_END
 
 
 def _no_subinterpreters(name: str) -> NoReturn:

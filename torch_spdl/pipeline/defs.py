@@ -52,9 +52,11 @@ class SourceConfig:
 
     Args:
         source: what feeds the pipeline (see ``PipelineBuilder.add_source``).
+        continuous: iterate it again for every epoch (``add_source(continuous=True)``).
     """
 
     source: Iterable[Any] | AsyncIterable[Any]
+    continuous: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, (Iterable, AsyncIterable)):
@@ -104,7 +106,9 @@ class PipelineConfig:
                 )
 
     def _to_builder_config(self) -> _BuilderConfig:
-        return _BuilderConfig(self.src.source, list(self.pipes), self.sink.buffer_size)
+        return _BuilderConfig(
+            self.src.source, list(self.pipes), self.sink.buffer_size, self.src.continuous
+        )
 
 
 def Pipe(  # noqa: N802 (SPDL's name)
