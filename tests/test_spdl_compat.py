@@ -7,6 +7,7 @@ where we differ on purpose), through the public API only.
 from __future__ import annotations
 
 import itertools
+import os
 import pickle
 import random
 import threading
@@ -1193,3 +1194,111 @@ def test_a_continuous_pipeline_with_a_custom_aggregator_flushes_every_epoch():
     pipeline = PipelineBuilder().add_source(_Epochs(4), continuous=True).aggregate(Sum()).build()
     with pipeline.auto_stop():
         assert [list(pipeline) for _ in range(3)] == [[6]] * 3
+
+
+# ---------------------------------------------------------------------------------------
+# 5. run_pipeline_in_subprocess: one child for every iteration, the source's state kept
+# ---------------------------------------------------------------------------------------
+class _CountingShuffled:
+    """A source with its own epoch counter: each pass is reshuffled from its number."""
+
+    def __init__(self, n):
+        self.n = n
+        self.epoch = 0
+
+    def __iter__(self):
+        order = list(range(self.n))
+        random.Random(self.epoch).shuffle(order)
+        self.epoch += 1
+        for x in order:
+            yield (self.epoch, x)
+
+
+def _with_pid(item):
+    return (os.getpid(), *item)
+
+
+def _expected_pass(n, epoch):
+    order = list(range(n))
+    random.Random(epoch).shuffle(order)
+    return [(epoch + 1, x) for x in order]
+
+
+@pytest.mark.parametrize("pool", [None, "thread", "process"])
+def test_run_pipeline_in_subprocess_reuses_one_child_and_the_sources_state(pool):
+    from concurrent.futures import ProcessPoolExecutor
+
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+    from torch_spdl.pipeline.defs import Pipe, PipelineConfig, SourceConfig
+
+    executor = {
+        None: None,
+        "thread": ThreadPoolExecutor(max_workers=2),
+        "process": ProcessPoolExecutor(max_workers=1),
+    }[pool]
+    try:
+        config = PipelineConfig(
+            SourceConfig(_CountingShuffled(6)),
+            [Pipe(_with_pid, executor=executor, concurrency=2, output_order="input")],
+        )
+        result = run_pipeline_in_subprocess(config, buffer_size=2)
+        pids = set()
+        for epoch in range(3):
+            got = list(result)
+            pids.add(got[0][0] if pool != "process" else None)
+            assert [g[1:] for g in got] == _expected_pass(6, epoch)
+        if pool != "process":  # the op runs in the child itself: one pid for every pass
+            assert len(pids) == 1 and pids != {os.getpid()}
+        result.close()
+    finally:
+        if executor is not None:
+            executor.shutdown()
+    import multiprocessing
+
+    assert multiprocessing.active_children() == []
+
+
+def test_an_iteration_abandoned_midway_leaves_nothing_for_the_next():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+    from torch_spdl.pipeline.defs import PipelineConfig, SourceConfig
+
+    result = run_pipeline_in_subprocess(
+        PipelineConfig(SourceConfig(_CountingShuffled(50))), buffer_size=3
+    )
+    for item in result:
+        assert item == _expected_pass(50, 0)[0]
+        break
+    assert list(result) == _expected_pass(50, 1)
+    del result
+    import gc
+    import multiprocessing
+
+    gc.collect()
+    assert multiprocessing.active_children() == []
+
+
+def test_a_continuous_pipeline_in_a_subprocess_yields_an_epoch_per_iteration():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    config = PipelineBuilder().add_source(_CountingShuffled(4), continuous=True).get_config()
+    result = run_pipeline_in_subprocess(config, timeout=WAIT)
+    assert [list(result) for _ in range(3)] == [_expected_pass(4, e) for e in range(3)]
+    result.close()
+
+
+def test_a_failed_run_in_the_subprocess_is_raised_and_the_next_runs_anew():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    config = PipelineBuilder().add_source(range(5)).pipe(_fail_on_three).get_config()
+    result = run_pipeline_in_subprocess(config, max_failures=0)
+    for _ in range(2):
+        with pytest.raises(PipelineFailure) as info:
+            list(result)
+        assert info.group_contains(Boom)
+    result.close()
+
+
+def _fail_on_three(x):
+    if x == 3:
+        raise Boom("three")
+    return x
