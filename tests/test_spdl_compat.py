@@ -6,6 +6,7 @@ where we differ on purpose), through the public API only.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import pickle
@@ -1302,3 +1303,117 @@ def _fail_on_three(x):
     if x == 3:
         raise Boom("three")
     return x
+
+
+# ---------------------------------------------------------------------------------------
+# 8. more names: cache_iterator, priority executors, ProfileResult/ProfileHook, sampler
+# ---------------------------------------------------------------------------------------
+def test_cache_iterator_replays_the_first_items_after_a_while():
+    from torch_spdl.pipeline import cache_iterator
+
+    got = list(cache_iterator(range(100), 3, return_caches_after=5, stop_after=11))
+    assert got == [0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2]
+    assert list(itertools.islice(cache_iterator(iter(range(2)), 2), 6)) == [0, 1] * 3
+    assert list(cache_iterator([], 2, stop_after=4)) == []
+    with pytest.raises(ValueError, match="at least num_caches"):
+        cache_iterator(range(3), 3, return_caches_after=1)
+
+
+def test_a_priority_pool_starts_the_highest_priority_waiting_task_first():
+    from torch_spdl.pipeline import PriorityThreadPoolExecutor
+
+    gate = threading.Event()
+    order = []
+    pool = PriorityThreadPoolExecutor(max_workers=1)
+    try:
+        low, high = pool.get_executor(), pool.get_executor()  # made later: higher priority
+        first = low.submit(gate.wait, WAIT)  # holds the only worker
+        waiting = [low.submit(order.append, "low") for _ in range(2)]
+        waiting.append(high.submit(order.append, "high"))
+        waiting.append(pool.get_executor(priority=-5).submit(order.append, "lowest"))
+        gate.set()
+        assert first.result(WAIT) is True
+        for future in waiting:
+            future.result(WAIT)
+        assert order == ["high", "low", "low", "lowest"]
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_priority_executors_run_pipeline_stages(kind):
+    from torch_spdl.pipeline import PriorityProcessPoolExecutor, PriorityThreadPoolExecutor
+
+    cls = PriorityThreadPoolExecutor if kind == "thread" else PriorityProcessPoolExecutor
+    pool = cls(max_workers=2)
+    try:
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(20))
+            .pipe(_triple, executor=pool.get_executor(), concurrency=2)
+            .pipe(_triple, executor=pool.get_executor(), concurrency=2)
+            .add_sink(4)
+            .build()
+        )
+        assert sorted(pipeline) == [9 * x for x in range(20)]
+        entry = pickle.loads(pickle.dumps(pool.get_executor(priority=3)))
+        assert entry.priority == 3 and entry.owner is pool  # same process: the same pool
+    finally:
+        pool.shutdown()
+
+
+def test_profile_pipeline_takes_spdls_arguments_and_returns_profile_results():
+    from torch_spdl.pipeline import ProfileHook, ProfileResult, profile_pipeline
+    from torch_spdl.pipeline.defs import Pipe, PipelineConfig, SourceConfig
+
+    events = []
+
+    class Hook(ProfileHook):
+        @contextlib.contextmanager
+        def stage_profile_hook(self, stage, concurrency):
+            events.append(("stage", stage, concurrency))
+            yield
+
+        @contextlib.contextmanager
+        def pipeline_profile_hook(self):
+            events.append("begin")
+            yield
+            events.append("end")
+
+    seen = []
+    config = PipelineConfig(SourceConfig(range(50)), [Pipe(_triple, name="triple")])
+    results = profile_pipeline(
+        config, 20, callback=seen.append, hook=Hook(), concurrency_levels=(1, 2), file=None
+    )
+    assert len(results) == 1 and seen == list(results)
+    (result,) = results
+    assert isinstance(result, ProfileResult) and result.name == "1:triple"
+    assert [s.concurrency for s in result.stats] == [2, 1]
+    assert all(s.qps > 0 and 0.0 <= s.occupancy_rate <= 1.0 for s in result.stats)
+    assert events[0] == "begin" and events[-1] == "end"
+    assert sorted(e[2] for e in events[1:-1]) == [1, 2]
+
+
+def test_distributed_random_sampler_takes_spdls_signature_too():
+    from torch_spdl.source import DistributedRandomSampler
+
+    ranks = [DistributedRandomSampler(9, rank=r, world_size=3) for r in range(3)]
+    assert sorted(i for s in ranks for i in s) == list(range(9))
+    sampler = ranks[0]
+    first = list(sampler)
+    assert list(sampler) == first  # no reshuffle without shuffle() / set_epoch()
+    assert sampler.shuffle  # the flag reads true
+    sampler.shuffle(seed=1)
+    again = list(sampler)
+    sampler.shuffle(seed=1)
+    assert list(sampler) == again
+    weighted = DistributedRandomSampler(4, rank=0, world_size=1, num_draws=50, weights=[0, 0, 1, 0])
+    assert list(weighted) == [2] * 50 and len(weighted) == 50
+    halves = [
+        DistributedRandomSampler(10, rank=r, world_size=2, num_draws=6, weights=[1.0] * 10)
+        for r in range(2)
+    ]
+    assert [len(list(h)) for h in halves] == [3, 3]
+    assert len(list(DistributedRandomSampler(5, rank=0, world_size=1, num_draws=12))) == 12
+    unshuffled = DistributedRandomSampler(4, rank=0, world_size=1, shuffle=False)
+    assert not unshuffled.shuffle and list(unshuffled) == [0, 1, 2, 3]

@@ -15,6 +15,7 @@ from ._builder import (
     build_pipeline,
 )
 from ._compat import (
+    cache_iterator,
     create_task,
     is_eof,
     is_epoch_end,
@@ -25,7 +26,12 @@ from ._errors import PipelineFailure
 from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._pipeline import Pipeline
 from ._plot import plot_trace
-from ._profile import ProfileReport, StageProfile, profile_pipeline
+from ._priority import (
+    PriorityExecutorEntrypoint,
+    PriorityProcessPoolExecutor,
+    PriorityThreadPoolExecutor,
+)
+from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, profile_pipeline
 from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._stats import StageStats
 from ._subprocess import SubprocessError, iterate_in_subprocess, run_pipeline_in_subprocess
@@ -46,7 +52,12 @@ __all__ = [
     "PipelineConfig",
     "PipelineFailure",
     "PipelineTrace",
+    "PriorityExecutorEntrypoint",
+    "PriorityProcessPoolExecutor",
+    "PriorityThreadPoolExecutor",
+    "ProfileHook",
     "ProfileReport",
+    "ProfileResult",
     "QueuePerfStats",
     "StageProfile",
     "StageInfo",
@@ -60,6 +71,7 @@ __all__ = [
     "TraceSample",
     "TraceSpan",
     "build_pipeline",
+    "cache_iterator",
     "create_task",
     "export_chrome_trace",
     "is_eof",

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import sys
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 from ._channel import EOF
 
 __all__ = [
+    "cache_iterator",
     "create_task",
     "is_eof",
     "is_epoch_end",
@@ -114,3 +115,65 @@ def run_pipeline_in_subinterpreter(config: Any, *args: Any, **kwargs: Any) -> No
     """SPDL's subinterpreter counterpart of ``run_pipeline_in_subprocess``: not available
     (it raises, naming the Python version it needs)."""
     _no_subinterpreters("run_pipeline_in_subinterpreter")
+
+
+def cache_iterator(
+    src: Iterable[T],
+    num_caches: int,
+    *,
+    return_caches_after: int | None = None,
+    stop_after: int | None = None,
+    delete_src: bool = True,
+) -> Iterator[T]:
+    """Yield from ``src`` for a while, then replay the first items it gave, forever.
+
+    A way to measure how fast training would run if data loading cost nothing: wrap the
+    loader, and after ``return_caches_after`` items the loop gets the first ``num_caches``
+    items again and again, at no cost.
+
+    Args:
+        src: the iterable to wrap (a data loader, a pipeline).
+        num_caches: how many of its first items to keep.
+        return_caches_after: how many items to take from ``src`` before replaying
+            (default ``num_caches``; it must be at least ``num_caches``).
+        stop_after: stop after this many items in all (default: never).
+        delete_src: drop the reference to ``src`` once replaying starts, so its resources
+            can be released.
+    """
+    if num_caches < 1:
+        raise ValueError(f"num_caches must be positive, got {num_caches}")
+    after = num_caches if return_caches_after is None else return_caches_after
+    if after < num_caches:
+        raise ValueError(
+            f"return_caches_after ({after}) must be at least num_caches ({num_caches})"
+        )
+    if stop_after is not None and stop_after < 1:
+        raise ValueError(f"stop_after must be positive, got {stop_after}")
+    return _cached(src, num_caches, after, stop_after, delete_src)
+
+
+def _cached(
+    src: Iterable[T], num_caches: int, after: int, stop_after: int | None, delete_src: bool
+) -> Iterator[T]:
+    caches: list[T] = []
+    count = 0
+    iterator = iter(src)
+    for item in iterator:
+        if len(caches) < num_caches:
+            caches.append(item)
+        yield item
+        count += 1
+        if count == stop_after:
+            return
+        if count >= after:
+            break
+    if delete_src:
+        del src, iterator
+    if not caches:
+        return
+    while True:
+        for item in caches:
+            yield item
+            count += 1
+            if count == stop_after:
+                return

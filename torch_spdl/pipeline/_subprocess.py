@@ -28,6 +28,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
 from ._builder import PipeConfig, PipelineBuilder, PipelineConfig, build_pipeline
+from ._priority import PriorityExecutorEntrypoint
 
 __all__ = ["iterate_in_subprocess", "run_pipeline_in_subprocess", "SubprocessError"]
 
@@ -196,7 +197,9 @@ def _portable(config: Any) -> PipelineConfig:
         config = to_builder_config()
     stages = [
         dataclasses.replace(s, executor=_PoolSpec(s.executor))  # type: ignore[arg-type]
-        if isinstance(s, PipeConfig) and s.executor is not None
+        if isinstance(s, PipeConfig)
+        and s.executor is not None
+        and not isinstance(s.executor, PriorityExecutorEntrypoint)  # pickles itself
         else s
         for s in config.stages
     ]
@@ -442,7 +445,8 @@ class _InSubprocess(Iterable[T]):
                 if got_epoch not in (epoch, -1):
                     continue  # what an abandoned iteration still had in flight
                 if tag == _ITEM:
-                    handle.cmd.send(("credit",))
+                    with contextlib.suppress(OSError):  # a dead child is reported next wait
+                        handle.cmd.send(("credit",))
                     yield payload
                 elif tag == _END:
                     return
@@ -501,7 +505,12 @@ def run_pipeline_in_subprocess(
         config = config.get_config()
     child = _EpochChild(_portable(config), build_kwargs)
     has_process_pool = any(
-        isinstance(s, PipeConfig) and getattr(s.executor, "kind", None) == "process"
+        isinstance(s, PipeConfig)
+        and "process"
+        in (
+            getattr(s.executor, "kind", None),
+            getattr(s.executor, "owner", None) and s.executor.owner.kind,
+        )
         for s in child.config.stages
     )
     kwargs = dict(
