@@ -612,7 +612,7 @@ def test_defs_check_what_they_declare():
         SourceConfig(3)
     with pytest.raises(ValueError, match="buffer_size"):
         SinkConfig(-1)
-    with pytest.raises(TypeError, match="Pipe, Aggregate or Disaggregate"):
+    with pytest.raises(TypeError, match="Pipe, Aggregate, Disaggregate or PathVariants"):
         PipelineConfig(SourceConfig([]), [_triple])
 
 
@@ -1417,3 +1417,150 @@ def test_distributed_random_sampler_takes_spdls_signature_too():
     assert len(list(DistributedRandomSampler(5, rank=0, world_size=1, num_draws=12))) == 12
     unshuffled = DistributedRandomSampler(4, rank=0, world_size=1, shuffle=False)
     assert not unshuffled.shuffle and list(unshuffled) == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------
+# 8. Merge / MergeConfig and PathVariants / path_variants
+# ---------------------------------------------------------------------------------------
+def _negate(x):
+    return -x
+
+
+def _parity(x):
+    return x % 2
+
+
+async def _async_parity(x):
+    return x % 2
+
+
+def _defs_pipeline(items, *pipes):
+    from torch_spdl.pipeline.defs import PipelineConfig, SinkConfig, SourceConfig
+
+    return PipelineConfig(SourceConfig(items), list(pipes), SinkConfig(4))
+
+
+def test_merge_gives_every_item_of_every_pipeline_then_the_outer_stages_run():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import Merge, MergeConfig, Pipe, PipelineConfig
+
+    merged = Merge([_defs_pipeline(range(5)), _defs_pipeline(range(10, 13), Pipe(_negate))])
+    assert isinstance(merged, MergeConfig)
+    pipeline = build_pipeline(PipelineConfig(merged, [Pipe(_triple)]))
+    assert sorted(pipeline) == sorted([3 * x for x in range(5)] + [-30, -33, -36])
+    # the builder takes a Merge as its source too, and builds it again
+    builder = PipelineBuilder().add_source(merged).pipe(_triple)
+    assert sorted(builder.build()) == sorted(builder.build())
+    with pytest.raises(ValueError, match="at least one"):
+        Merge([])
+
+
+def test_a_custom_merge_op_reads_queues_that_end_with_eof():
+    from torch_spdl.pipeline import build_pipeline, is_eof
+    from torch_spdl.pipeline.defs import Merge, PipelineConfig
+
+    async def round_robin(name, input_queues, output_queue):
+        active = list(input_queues)
+        while active:
+            for queue in list(active):
+                item = await queue.get()
+                if is_eof(item):
+                    active.remove(queue)
+                else:
+                    await output_queue.put(item)
+
+    config = PipelineConfig(Merge([_defs_pipeline([1, 2, 3]), _defs_pipeline([4, 5])], round_robin))
+    assert list(build_pipeline(config)) == [1, 4, 2, 5, 3]
+
+    async def first_two(name, input_queues, output_queue):  # returns early: inputs stop
+        for _ in range(2):
+            await output_queue.put(await input_queues[0].get())
+
+    endless = PipelineConfig(Merge([_defs_pipeline(itertools.count())], first_two))
+    assert list(build_pipeline(endless)) == [0, 1]
+
+
+def test_a_failing_merged_pipeline_fails_the_outer_one_after_its_items():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import Merge, Pipe, PipelineConfig
+
+    bad = _defs_pipeline(range(5), Pipe(fail_when(lambda x: x == 3)))
+    pipeline = build_pipeline(PipelineConfig(Merge([bad])), max_failures=0)
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in pipeline:
+            got.append(x)
+    assert got == [0, 1, 2][: len(got)]
+    assert info.group_contains(Boom, match="bad item 3")
+
+
+@pytest.mark.parametrize("router", [_parity, _async_parity])
+def test_path_variants_send_each_item_down_its_path_and_join(router):
+    from torch_spdl.pipeline.defs import Aggregate, Disaggregate, Pipe
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .path_variants(
+            router,
+            [[Pipe(_negate)], [Pipe(_triple, concurrency=2), Aggregate(2), Disaggregate()]],
+        )
+        .pipe(_triple)
+        .add_sink(4)
+        .build()
+    )
+    expected = [3 * -x for x in range(0, 10, 2)] + [9 * x for x in range(1, 10, 2)]
+    assert sorted(pipeline) == sorted(expected)
+
+
+def test_path_variants_declared_with_defs_nest_and_check_their_paths():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import PathVariants, PathVariantsConfig, Pipe, SinkConfig
+
+    inner = PathVariants(_parity, [[Pipe(_negate)], [Pipe(_triple)]])
+    outer = PathVariants(lambda x: 0 if x < 5 else 1, [[inner], [Pipe(_triple), Pipe(_triple)]])
+    assert isinstance(outer, PathVariantsConfig)
+    config = _defs_pipeline(range(8), outer)
+    got = sorted(build_pipeline(config))
+    assert got == sorted([0, -2, -4, 3, 9, 45, 54, 63])
+    with pytest.raises(ValueError, match="empty"):
+        PathVariants(_parity, [[Pipe(_negate)], []])
+    with pytest.raises(TypeError, match="holds"):
+        PathVariants(_parity, [[SinkConfig(2)]])
+    assert SinkConfig(2)  # (used above only as a wrong stage)
+
+
+def test_a_router_error_or_a_bad_index_fails_the_item_alone():
+    from torch_spdl.pipeline.defs import Pipe
+
+    def router(x):
+        if x == 1:
+            raise Boom("no route")
+        return 5 if x == 2 else 0
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(5))
+        .path_variants(router, [[Pipe(_negate)]], name="route")
+        .build()
+    )
+    assert sorted(pipeline) == [-4, -3, 0]
+    assert _stage(pipeline, "route").num_failed == 2
+    strict = PipelineBuilder().add_source(range(5)).path_variants(router, [[Pipe(_negate)]])
+    with pytest.raises(PipelineFailure) as info:
+        list(strict.build(max_failures=0))
+    assert info.group_contains(Boom, match="no route")
+
+
+def test_a_failing_path_fails_the_pipeline():
+    from torch_spdl.pipeline.defs import Pipe
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(50))
+        .path_variants(_parity, [[Pipe(fail_when(lambda x: x == 4))], [Pipe(_negate)]])
+        .build(max_failures=0)
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert info.group_contains(Boom, match="bad item 4")

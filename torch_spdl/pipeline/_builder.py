@@ -20,6 +20,7 @@ from ._background import BackgroundTaskFactory
 from ._channel import Channel
 from ._failures import FailureBudget, MaxFailures, check_max_failures
 from ._hooks import StageInfo, TaskHook, check_hooks
+from ._nested import MergedSource, PathVariantsStage
 from ._node import Node
 from ._ops import OpKind, classify_op, op_name
 from ._pipeline import Pipeline
@@ -29,6 +30,7 @@ from ._source import SourceNode
 from ._thread_stage import ThreadStage
 
 __all__ = [
+    "PathVariantsConfig",
     "PipelineBuilder",
     "PipelineConfig",
     "PipeConfig",
@@ -108,7 +110,37 @@ class DisaggregateConfig:
         return "disaggregate"
 
 
-StageConfig = PipeConfig | AggregateConfig | DisaggregateConfig
+@dataclass(frozen=True)
+class PathVariantsConfig:
+    """``path_variants(router, paths)`` as declared: each item goes down the path whose
+    index ``router(item)`` returns; the paths' outputs join into one stream."""
+
+    router: Callable[[Any], Any]
+    paths: tuple[tuple[Any, ...], ...]
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.router):
+            raise TypeError(f"the router must be callable, got {self.router!r}")
+        if not self.paths:
+            raise ValueError("path_variants needs at least one path")
+        for i, path in enumerate(self.paths):
+            if not path:
+                raise ValueError(f"path {i} of path_variants is empty")
+            for stage in path:
+                if not isinstance(
+                    stage, (PipeConfig, AggregateConfig, DisaggregateConfig, PathVariantsConfig)
+                ):
+                    raise TypeError(
+                        f"path {i} of path_variants holds {stage!r}: a path holds stages "
+                        "(Pipe, Aggregate, Disaggregate, PathVariants)"
+                    )
+
+    def label(self) -> str:
+        return self.name or f"path_variants({len(self.paths)})"
+
+
+StageConfig = PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig
 
 
 @dataclass
@@ -164,6 +196,9 @@ class PipelineBuilder(Generic[T, U]):
         """
         if self._has_source:
             raise ValueError("the source is already set")
+        merged = getattr(source, "_merged_source", None)  # defs.Merge(...)
+        if merged is not None:
+            source = merged()
         if not isinstance(source, (Iterable, AsyncIterable)):
             raise TypeError(f"the source must be iterable or async iterable, got {source!r}")
         self._source = source
@@ -258,6 +293,25 @@ class PipelineBuilder(Generic[T, U]):
                 ``flush()``).
         """
         self._stages.append(aggregate_config(num_items, drop_last))
+        return self
+
+    def path_variants(
+        self,
+        router: Callable[[Any], Any],
+        paths: Sequence[Sequence[Any]],
+        name: str | None = None,
+    ) -> PipelineBuilder[T, U]:
+        """Send each item down one of several paths, then join the paths' outputs.
+
+        Args:
+            router: takes an item, returns the index of its path (a function or an async
+                function); an error or an index out of range fails the item.
+            paths: each a sequence of stages made by ``defs.Pipe``, ``defs.Aggregate``,
+                ``defs.Disaggregate`` or ``defs.PathVariants``; each runs as a pipeline
+                of its own, and their outputs come out in completion order.
+            name: the stage's name in stats and errors.
+        """
+        self._stages.append(PathVariantsConfig(router, tuple(tuple(p) for p in paths), name))
         return self
 
     def disaggregate(self) -> PipelineBuilder[T, U]:
@@ -402,6 +456,19 @@ def build_pipeline(
         first = build_pipeline(one_epoch, **options)
         first.continue_with(lambda: build_pipeline(one_epoch, **options))
         return first
+
+    def make_inner(inner: Any) -> Pipeline[Any]:  # a pipeline inside this one
+        return build_pipeline(
+            inner,
+            num_threads=num_threads,
+            max_failures=max_failures,
+            task_hook_factory=task_hook_factory,
+            stage_id=stage_id,
+            queue_class=queue_class,
+        )
+
+    if isinstance(config.source, MergedSource):
+        config = dataclasses.replace(config, source=config.source.with_builder(make_inner))
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be positive, got {num_threads!r}")
     if queue_size is not None and queue_size < 1:
@@ -449,7 +516,15 @@ def build_pipeline(
         hooks: list[TaskHook] = []
         if task_hook_factory is not None:
             hooks = check_hooks(task_hook_factory(StageInfo(name, i + 1, stage_id)), name)
-        if isinstance(spec, AggregateConfig):
+        if isinstance(spec, PathVariantsConfig):
+            makers = [
+                lambda src, p=path: make_inner(PipelineConfig(src, list(p), 2))
+                for path in spec.paths
+            ]
+            node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=shared_budget)
+            shared.append(node)
+            nodes.append(node)
+        elif isinstance(spec, AggregateConfig):
             aggregator = spec.make_aggregator()
             nodes.append(AggregateStage(name, aggregator, spec.drop_last, inbox, outbox, hooks))
         elif isinstance(spec, DisaggregateConfig):

@@ -22,12 +22,14 @@ from ._aggregate import Aggregator, Collate
 from ._builder import (
     AggregateConfig,
     DisaggregateConfig,
+    PathVariantsConfig,
     PipeConfig,
     PipelineBuilder,
     aggregate_config,
 )
 from ._builder import PipelineConfig as _BuilderConfig
 from ._failures import MaxFailures
+from ._nested import MergedSource
 
 __all__ = [
     "MAIN_PROCESS",
@@ -37,6 +39,10 @@ __all__ = [
     "Collate",
     "Disaggregate",
     "DisaggregateConfig",
+    "Merge",
+    "MergeConfig",
+    "PathVariants",
+    "PathVariantsConfig",
     "Pipe",
     "PipeConfig",
     "PipelineConfig",
@@ -78,7 +84,58 @@ class SinkConfig:
             raise ValueError(f"buffer_size must be a non-negative int, got {self.buffer_size!r}")
 
 
-StageDef = PipeConfig | AggregateConfig | DisaggregateConfig
+@dataclass(frozen=True)
+class MergeConfig:
+    r"""Several pipelines feeding one: the ``src`` of a :class:`PipelineConfig` (or the
+    source given to ``PipelineBuilder.add_source``). Made by :func:`Merge`.
+
+    Args:
+        pipeline_configs: the pipelines whose outputs are merged (at least one).
+        op: an async function ``op(name, input_queues, output_queue)`` that moves items
+            from the input ``asyncio.Queue`` objects (each ends with an item for which
+            ``is_eof`` is true) to the output queue; default: every item, as they come.
+    """
+
+    pipeline_configs: tuple[Any, ...]
+    op: Any = None
+
+    def __post_init__(self) -> None:
+        if len(self.pipeline_configs) < 1:
+            raise ValueError("Merge needs at least one pipeline config")
+
+    def _merged_source(self) -> MergedSource:
+        configs = [getattr(c, "_to_builder_config", lambda c=c: c)() for c in self.pipeline_configs]
+        return MergedSource(configs, self.op)
+
+
+def Merge(  # noqa: N802
+    pipeline_configs: Sequence[Any], op: Any = None
+) -> MergeConfig:
+    r"""Merge the outputs of several pipelines into one stream (see :class:`MergeConfig`).
+
+    Args:
+        pipeline_configs: the pipelines (``PipelineConfig`` objects) to merge.
+        op: a custom async merge ``op(name, input_queues, output_queue)``.
+    """
+    return MergeConfig(tuple(pipeline_configs), op)
+
+
+def PathVariants(  # noqa: N802
+    router: Any, paths: Sequence[Sequence[Any]], name: str | None = None
+) -> PathVariantsConfig:
+    """Route each item down one of several paths of stages, then join them (see
+    ``PipelineBuilder.path_variants``).
+
+    Args:
+        router: returns the index of an item's path (function or async function).
+        paths: sequences of stages (``Pipe``, ``Aggregate``, ``Disaggregate``,
+            ``PathVariants``).
+        name: the stage's name.
+    """
+    return PathVariantsConfig(router, tuple(tuple(p) for p in paths), name)
+
+
+StageDef = PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig
 
 
 @dataclass(frozen=True)
@@ -86,26 +143,34 @@ class PipelineConfig:
     """A whole pipeline as data: what :func:`~torch_spdl.pipeline.build_pipeline` takes.
 
     Args:
-        src: the source.
+        src: the source (:class:`SourceConfig`), or several pipelines merged
+            (:func:`Merge`).
         pipes: the stages, in order (from :func:`Pipe`, :func:`Aggregate`,
-            :func:`Disaggregate`).
+            :func:`Disaggregate`, :func:`PathVariants`).
         sink: the output buffer (default ``SinkConfig(3)``).
     """
 
-    src: SourceConfig
+    src: SourceConfig | MergeConfig
     pipes: Sequence[StageDef] = field(default_factory=list)
     sink: SinkConfig = field(default_factory=SinkConfig)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.src, SourceConfig):
-            raise TypeError(f"src must be a SourceConfig, got {self.src!r}")
+        if not isinstance(self.src, (SourceConfig, MergeConfig)):
+            raise TypeError(f"src must be a SourceConfig or a MergeConfig, got {self.src!r}")
         for stage in self.pipes:
-            if not isinstance(stage, (PipeConfig, AggregateConfig, DisaggregateConfig)):
+            if not isinstance(
+                stage, (PipeConfig, AggregateConfig, DisaggregateConfig, PathVariantsConfig)
+            ):
                 raise TypeError(
-                    f"pipes must hold stages made by Pipe, Aggregate or Disaggregate, got {stage!r}"
+                    "pipes must hold stages made by Pipe, Aggregate, Disaggregate or "
+                    f"PathVariants, got {stage!r}"
                 )
 
     def _to_builder_config(self) -> _BuilderConfig:
+        if isinstance(self.src, MergeConfig):
+            return _BuilderConfig(
+                self.src._merged_source(), list(self.pipes), self.sink.buffer_size
+            )
         return _BuilderConfig(
             self.src.source, list(self.pipes), self.sink.buffer_size, self.src.continuous
         )
