@@ -616,15 +616,6 @@ def test_defs_check_what_they_declare():
         PipelineConfig(SourceConfig([]), [_triple])
 
 
-def test_execution_regions_say_they_are_not_available():
-    from torch_spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig
-
-    with pytest.raises(NotImplementedError, match="not available yet"):
-        ProcessPoolExecutorConfig(num_workers=2)
-    with pytest.raises(NotImplementedError, match="executor=ProcessPoolExecutor"):
-        MAIN_PROCESS()
-
-
 def test_a_builder_pickles_and_builds_the_same_after():
     builder = PipelineBuilder().add_source(range(5)).pipe(_triple).aggregate(2).add_sink(4)
     copy = pickle.loads(pickle.dumps(builder))
@@ -1564,3 +1555,180 @@ def test_a_failing_path_fails_the_pipeline():
     with pytest.raises(PipelineFailure) as info:
         list(pipeline)
     assert info.group_contains(Boom, match="bad item 4")
+
+
+# ---------------------------------------------------------------------------------------
+# 9. Execution regions: to(ProcessPoolExecutorConfig(...)) ... to(MAIN_PROCESS)
+# ---------------------------------------------------------------------------------------
+def _pid_tag(x):
+    return (x, os.getpid())
+
+
+def _no_children_left():
+    import multiprocessing
+
+    return multiprocessing.active_children() == []
+
+
+def test_a_region_runs_its_stages_together_in_worker_processes():
+    from torch_spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig
+
+    lock = threading.Lock()  # an op holding a lock does not pickle: fork carries it
+
+    def second(tagged):
+        with lock:
+            return (*tagged, os.getpid())
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(200))
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(_pid_tag, concurrency=2)
+        .pipe(second)
+        .to(MAIN_PROCESS)
+        .pipe(_pid_tag)
+        .add_sink(8)
+        .build()
+    )
+    got = list(pipeline)
+    assert sorted(x for (x, _, _), _ in got) == list(range(200))
+    for (_, first_pid, second_pid), main_pid in got:
+        assert first_pid == second_pid != main_pid == os.getpid()  # fused, in a worker
+    assert len({pid for (_, pid, _), _ in got}) <= 2
+    region = pipeline.get_stats()[1]
+    assert region.name.startswith("1:processes[2]") and region.num_in == region.num_out == 200
+    assert _no_children_left()
+
+
+def test_a_region_of_aggregates_and_async_ops_declared_with_defs():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import (
+        MAIN_PROCESS,
+        Aggregate,
+        Pipe,
+        PlacementConfig,
+        ProcessPoolExecutorConfig,
+    )
+
+    async def twice(x):
+        return 2 * x
+
+    config = _defs_pipeline(
+        range(40),
+        PlacementConfig(ProcessPoolExecutorConfig(max_workers=1)),
+        Pipe(twice),
+        Aggregate(10),
+        PlacementConfig(MAIN_PROCESS),
+        Pipe(sum),
+    )
+    assert list(build_pipeline(config)) == [
+        sum(2 * x for x in range(i, i + 10)) for i in (0, 10, 20, 30)
+    ]
+
+
+def test_a_failing_op_in_a_region_names_the_worker_and_the_item():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(100))
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(fail_when(lambda x: x == 37), name="check")
+        .build(max_failures=0)
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    (error,) = info.value.exceptions
+    assert isinstance(error, Boom) and str(error) == "bad item 37"
+    notes = "\n".join(error.__notes__)
+    assert "stage '1:check' failed on item 37" in notes and "region worker" in notes
+    assert _no_children_left()
+
+
+def test_failed_items_in_a_region_are_counted_within_the_limit():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(50))
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(fail_when(lambda x: x % 10 == 0))
+        .build()
+    )
+    assert sorted(pipeline) == [x for x in range(50) if x % 10]
+    assert pipeline.get_stats()[1].num_failed == 5
+
+
+def _die_at_50(x):
+    if x == 50:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_a_killed_region_worker_fails_the_pipeline_and_never_hangs():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(_die_at_50)
+        .build()
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline.get_iterator(timeout=WAIT))
+    (error,) = info.value.exceptions
+    assert isinstance(error, RuntimeError)
+    assert "region worker" in str(error) and "exited unexpectedly with code -9" in str(error)
+    assert _no_children_left()
+
+
+def test_leaving_a_region_pipeline_early_stops_its_workers():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(itertools.count())
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(_triple)
+        .build()
+    )
+    with pipeline.auto_stop():
+        for x in pipeline:
+            if x > 30:
+                break
+    assert _no_children_left()
+
+
+def test_regions_check_their_declaration():
+    from torch_spdl.pipeline.defs import (
+        MAIN_PROCESS,
+        InterpreterPoolExecutorConfig,
+        ProcessPoolExecutorConfig,
+    )
+
+    pool = ProcessPoolExecutorConfig(max_workers=1)
+    with pytest.raises(ValueError, match="no stage"):
+        PipelineBuilder().add_source(range(3)).to(pool).to(MAIN_PROCESS).pipe(_triple).build()
+    with pytest.raises(ValueError, match="takes no executor"):
+        (
+            PipelineBuilder()
+            .add_source(range(3))
+            .to(pool)
+            .pipe(_triple, executor=ThreadPoolExecutor(1))
+            .build()
+        )
+    with pytest.raises(TypeError, match="ProcessPoolExecutorConfig or MAIN_PROCESS"):
+        PipelineBuilder().to(4)
+    with pytest.raises(ValueError, match="max_workers"):
+        ProcessPoolExecutorConfig(max_workers=0)
+    with pytest.raises(RuntimeError, match="3.14"):
+        InterpreterPoolExecutorConfig()
+    # MAIN_PROCESS outside a region changes nothing; a builder with a region pickles
+    plain = PipelineBuilder().add_source(range(3)).to(MAIN_PROCESS).pipe(_triple)
+    assert list(plain.build()) == [0, 3, 6]
+    assert pickle.loads(pickle.dumps(MAIN_PROCESS)) is MAIN_PROCESS
+    builder = PipelineBuilder().add_source(range(4)).to(pool).pipe(_triple)
+    assert sorted(pickle.loads(pickle.dumps(builder)).build()) == [0, 3, 6, 9]

@@ -25,6 +25,7 @@ from ._node import Node
 from ._ops import OpKind, classify_op, op_name
 from ._pipeline import Pipeline
 from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
+from ._region import PlacementConfig, RegionConfig, RegionStage, fuse_regions
 from ._runtime import Runtime
 from ._source import SourceNode
 from ._thread_stage import ThreadStage
@@ -140,7 +141,9 @@ class PathVariantsConfig:
         return self.name or f"path_variants({len(self.paths)})"
 
 
-StageConfig = PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig
+StageConfig = (
+    PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig | PlacementConfig
+)
 
 
 @dataclass
@@ -314,6 +317,21 @@ class PipelineBuilder(Generic[T, U]):
         self._stages.append(PathVariantsConfig(router, tuple(tuple(p) for p in paths), name))
         return self
 
+    def to(self, target: Any, /) -> PipelineBuilder[T, U]:
+        """Run the stages that follow on ``target``, until the next ``to()``.
+
+        ``to(defs.ProcessPoolExecutorConfig(max_workers=n))`` opens a region: its stages
+        run as one pipeline in each of ``n`` worker processes (started by ``fork`` on
+        Linux, so their ops need not pickle), and only the region's inputs and outputs
+        cross the process boundary, in chunks. ``to(defs.MAIN_PROCESS)`` closes it (a
+        region left open runs to the end). Stages in a region take no executor.
+
+        Args:
+            target: a ``ProcessPoolExecutorConfig`` or ``MAIN_PROCESS``.
+        """
+        self._stages.append(PlacementConfig(target))
+        return self
+
     def disaggregate(self) -> PipelineBuilder[T, U]:
         """Split each incoming list (any iterable) into separate items."""
         self._stages.append(DisaggregateConfig())
@@ -467,6 +485,8 @@ def build_pipeline(
             queue_class=queue_class,
         )
 
+    if any(isinstance(s, PlacementConfig) for s in config.stages):
+        config = dataclasses.replace(config, stages=fuse_regions(config.stages))
     if isinstance(config.source, MergedSource):
         config = dataclasses.replace(config, source=config.source.with_builder(make_inner))
     if num_threads is not None and num_threads < 1:
@@ -516,7 +536,11 @@ def build_pipeline(
         hooks: list[TaskHook] = []
         if task_hook_factory is not None:
             hooks = check_hooks(task_hook_factory(StageInfo(name, i + 1, stage_id)), name)
-        if isinstance(spec, PathVariantsConfig):
+        if isinstance(spec, RegionConfig):
+            options = {"num_threads": num_threads, "max_failures": max_failures}
+            node = RegionStage(name, list(spec.stages), spec.executor, options, inbox, outbox)
+            nodes.append(node)
+        elif isinstance(spec, PathVariantsConfig):
             makers = [
                 lambda src, p=path: make_inner(PipelineConfig(src, list(p), 2))
                 for path in spec.paths

@@ -27,6 +27,7 @@ from ._builder import (
     PipelineConfig,
 )
 from ._queues import QueuePerfStats, StatsQueue
+from ._region import PlacementConfig
 
 __all__ = ["profile_pipeline", "ProfileHook", "ProfileReport", "ProfileResult", "StageProfile"]
 
@@ -229,6 +230,9 @@ def profile_pipeline(
         config = pipeline._to_builder_config()
     else:
         config = pipeline
+    # regions are measured stage by stage, in this process
+    stages = [s for s in config.stages if not isinstance(s, PlacementConfig)]
+    config = PipelineConfig(config.source, stages, config.buffer_size)
     around = hook.pipeline_profile_hook() if hook is not None else contextlib.nullcontext()
     with around:
         report = _profile(config, num_iterations, concurrency_levels, num_threads, callback, hook)

@@ -7,8 +7,9 @@ Code written for ``spdl.pipeline.defs`` builds a :class:`PipelineConfig` from a
 :class:`~torch_spdl.pipeline.PipelineBuilder` records (the stage configs are the same
 classes), so both ways of declaring share one validation and one build.
 
-Execution regions (``ProcessPoolExecutorConfig``, ``MAIN_PROCESS``) are not available yet:
-they raise ``NotImplementedError`` when used.
+Execution regions: a :class:`PlacementConfig` among the stages (what
+``PipelineBuilder.to`` records) with a :class:`ProcessPoolExecutorConfig` target runs the
+stages up to the next one (``MAIN_PROCESS``) in worker processes.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _region
 from ._aggregate import Aggregator, Collate
 from ._builder import (
     AggregateConfig,
@@ -39,6 +41,8 @@ __all__ = [
     "Collate",
     "Disaggregate",
     "DisaggregateConfig",
+    "ExecutorConfig",
+    "InterpreterPoolExecutorConfig",
     "Merge",
     "MergeConfig",
     "PathVariants",
@@ -46,6 +50,7 @@ __all__ = [
     "Pipe",
     "PipeConfig",
     "PipelineConfig",
+    "PlacementConfig",
     "ProcessPoolExecutorConfig",
     "SinkConfig",
     "SourceConfig",
@@ -135,7 +140,9 @@ def PathVariants(  # noqa: N802
     return PathVariantsConfig(router, tuple(tuple(p) for p in paths), name)
 
 
-StageDef = PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig
+StageDef = (
+    PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig | _region.PlacementConfig
+)
 
 
 @dataclass(frozen=True)
@@ -159,11 +166,18 @@ class PipelineConfig:
             raise TypeError(f"src must be a SourceConfig or a MergeConfig, got {self.src!r}")
         for stage in self.pipes:
             if not isinstance(
-                stage, (PipeConfig, AggregateConfig, DisaggregateConfig, PathVariantsConfig)
+                stage,
+                (
+                    PipeConfig,
+                    AggregateConfig,
+                    DisaggregateConfig,
+                    PathVariantsConfig,
+                    _region.PlacementConfig,
+                ),
             ):
                 raise TypeError(
                     "pipes must hold stages made by Pipe, Aggregate, Disaggregate or "
-                    f"PathVariants, got {stage!r}"
+                    f"PathVariants, or PlacementConfig markers, got {stage!r}"
                 )
 
     def _to_builder_config(self) -> _BuilderConfig:
@@ -227,25 +241,8 @@ def Disaggregate() -> DisaggregateConfig:  # noqa: N802
     return DisaggregateConfig()
 
 
-class _NotYet:
-    """A name SPDL code imports whose feature is not built yet: using it says so."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def _fail(self) -> None:
-        raise NotImplementedError(
-            f"torch_spdl.pipeline.defs.{self._name}: execution regions (running a run of "
-            "stages in worker processes) are not available yet in torch_spdl; pass "
-            "executor=ProcessPoolExecutor(...) to each pipe() instead"
-        )
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self._fail()
-
-    def __repr__(self) -> str:
-        return f"<torch_spdl.pipeline.defs.{self._name}: not available yet>"
-
-
-ProcessPoolExecutorConfig: Any = _NotYet("ProcessPoolExecutorConfig")
-MAIN_PROCESS: Any = _NotYet("MAIN_PROCESS")
+ProcessPoolExecutorConfig = _region.ProcessPoolExecutorConfig
+InterpreterPoolExecutorConfig = _region.InterpreterPoolExecutorConfig
+ExecutorConfig = _region.ExecutorConfig
+PlacementConfig = _region.PlacementConfig
+MAIN_PROCESS = _region.MAIN_PROCESS
