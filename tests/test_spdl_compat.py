@@ -1732,3 +1732,19 @@ def test_regions_check_their_declaration():
     assert pickle.loads(pickle.dumps(MAIN_PROCESS)) is MAIN_PROCESS
     builder = PipelineBuilder().add_source(range(4)).to(pool).pipe(_triple)
     assert sorted(pickle.loads(pickle.dumps(builder)).build()) == [0, 3, 6, 9]
+
+
+def test_an_item_that_cannot_reach_a_region_is_named():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source([1, 2, threading.Lock()])
+        .to(ProcessPoolExecutorConfig(max_workers=1))
+        .pipe(_pid_tag)
+        .build()
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert info.group_contains(TypeError, match="cannot be pickled to reach them")
+    assert _no_children_left()

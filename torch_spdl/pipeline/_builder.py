@@ -472,7 +472,7 @@ def build_pipeline(
         options = {k: v for k, v in locals().items() if k not in ("config", "to_builder_config")}
         one_epoch = dataclasses.replace(config, continuous=False)
         first = build_pipeline(one_epoch, **options)
-        first.continue_with(lambda: build_pipeline(one_epoch, **options))
+        first._continue_with(lambda: build_pipeline(one_epoch, **options))
         return first
 
     def make_inner(inner: Any) -> Pipeline[Any]:  # a pipeline inside this one

@@ -46,7 +46,7 @@ class Pipeline(Generic[T]):
         self._renew: Callable[[], Pipeline[T]] | None = None
         self._epoch_done = False
 
-    def continue_with(self, renew: Callable[[], Pipeline[T]]) -> None:
+    def _continue_with(self, renew: Callable[[], Pipeline[T]]) -> None:
         """Make this a continuous pipeline: when an epoch's stream has ended and the
         consumer asks again, the next epoch runs as ``renew()``'s run (used by
         ``build_pipeline`` for ``add_source(continuous=True)``)."""

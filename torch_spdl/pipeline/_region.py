@@ -45,7 +45,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EMPTY, EOF, Channel, ChannelAborted
-from ._errors import PipelineFailure
+from ._errors import PipelineFailure, describe_item
 from ._node import Node
 
 if TYPE_CHECKING:
@@ -376,18 +376,34 @@ class RegionStage(Node):
                         item = EOF
                         break
                     chunk.append(more)
-                conn.send_bytes(pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL))
+                conn.send_bytes(self._pickled(chunk))
                 counters.num_in += len(chunk)
                 if item is EOF:
                     break
             conn.send_bytes(pickle.dumps(None))  # the end of the input: drain and report
         except (ChannelAborted, BrokenPipeError, OSError):
             pass  # stopping, or the worker died (its receiver reports that)
+        except TypeError as exc:  # an item that cannot be pickled
+            self.fail(exc)
         except BaseException as exc:
             self.crash(exc)
         finally:
             conn.close()
             self._finish()
+
+    def _pickled(self, chunk: list[Any]) -> bytes:
+        try:
+            return pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            for item in chunk:  # name the item that cannot cross
+                try:
+                    pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
+                except Exception:
+                    raise TypeError(
+                        f"stage {self.name!r} runs in worker processes, and item "
+                        f"{describe_item(item)} cannot be pickled to reach them: {exc}"
+                    ) from exc
+            raise
 
     def _receive(self, worker: _Worker) -> None:
         counters = self.new_counters()
