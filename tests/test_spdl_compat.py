@@ -1748,3 +1748,38 @@ def test_an_item_that_cannot_reach_a_region_is_named():
         list(pipeline)
     assert info.group_contains(TypeError, match="cannot be pickled to reach them")
     assert _no_children_left()
+
+
+def _stall_after_three():
+    yield from range(3)
+    threading.Event().wait(WAIT * 3)  # a source that stalls (stopped long before this)
+
+
+class _Stalling:
+    def __iter__(self):
+        return _stall_after_three()
+
+
+def test_a_pipeline_fed_by_a_subprocess_stops_without_waiting_for_its_next_item():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    source = run_pipeline_in_subprocess(PipelineBuilder().add_source(_Stalling()).get_config())
+    pipeline = PipelineBuilder().add_source(source).build()
+    with pipeline.auto_stop(timeout=WAIT):
+        assert [pipeline.get_item(timeout=WAIT) for _ in range(3)] == [0, 1, 2]
+    # stopping ended the child, so the source thread was not left waiting for an item
+    assert not [t for t in threading.enumerate() if t.name == "torch_spdl-source"]
+    source.close()
+    assert _no_children_left()
+
+
+def test_a_continuous_pipeline_over_a_subprocess_keeps_one_child_across_epochs():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    backend = PipelineBuilder().add_source(_CountingShuffled(5)).get_config()
+    source = run_pipeline_in_subprocess(backend, timeout=WAIT)
+    pipeline = PipelineBuilder().add_source(source, continuous=True).build()
+    with pipeline.auto_stop():
+        epochs = [list(pipeline.get_iterator(timeout=WAIT)) for _ in range(3)]
+    assert epochs == [_expected_pass(5, e) for e in range(3)]  # the child's source went on
+    source.close()

@@ -397,6 +397,20 @@ class _InSubprocess(Iterable[T]):
         self._finalizer: Any = None
         self._epoch = 0
         self._busy = False
+        self._stopping = False  # _stop_as_source: a dead child ends the iteration quietly
+
+    def _stop_as_source(self) -> None:
+        """Called when a pipeline this feeds stops: end the child now, so that an
+        iteration waiting for its next item returns at once (quietly)."""
+        handle = self._handle
+        if handle is None or not self._busy:
+            return  # no iteration waits: the child (and the source's state) stays
+        self._stopping = True
+        with contextlib.suppress(Exception):
+            handle.cmd.send(("stop",))
+        handle.proc.join(timeout=2)
+        if handle.proc.is_alive():
+            handle.proc.terminate()
 
     def close(self) -> None:
         """Stop and join the child process (the next iteration starts a new one)."""
@@ -412,6 +426,7 @@ class _InSubprocess(Iterable[T]):
             )
         if self._handle is None or not self._handle.proc.is_alive():
             self.close()
+            self._stopping = False
             self._handle = _ChildHandle(self._ctx, self._child, self._initializer, self._daemon)
             self._finalizer = weakref.finalize(self, self._handle.close)
         self._epoch += 1
@@ -430,6 +445,8 @@ class _InSubprocess(Iterable[T]):
                     )
                 if handle.out not in ready:
                     proc.join()
+                    if self._stopping:
+                        return
                     raise SubprocessError(
                         f"the pipeline's subprocess (pid {proc.pid}) exited unexpectedly "
                         f"with code {proc.exitcode}"
@@ -438,6 +455,8 @@ class _InSubprocess(Iterable[T]):
                     tag, got_epoch, payload = pickle.loads(handle.out.recv_bytes())
                 except EOFError:
                     proc.join()
+                    if self._stopping:
+                        return
                     raise SubprocessError(
                         f"the pipeline's subprocess (pid {proc.pid}) closed its pipe and "
                         f"exited with code {proc.exitcode}"
