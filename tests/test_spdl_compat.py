@@ -1516,9 +1516,10 @@ def test_path_variants_declared_with_defs_nest_and_check_their_paths():
     assert got == sorted([0, -2, -4, 3, 9, 45, 54, 63])
     with pytest.raises(ValueError, match="empty"):
         PathVariants(_parity, [[Pipe(_negate)], []])
-    with pytest.raises(TypeError, match="holds"):
+    with pytest.raises(ValueError, match="holds"):
         PathVariants(_parity, [[SinkConfig(2)]])
-    assert SinkConfig(2)  # (used above only as a wrong stage)
+    with pytest.raises(ValueError, match="callable"):
+        PathVariants(42, [[Pipe(_negate)]])
 
 
 def test_a_router_error_or_a_bad_index_fails_the_item_alone():
@@ -1783,3 +1784,25 @@ def test_a_continuous_pipeline_over_a_subprocess_keeps_one_child_across_epochs()
         epochs = [list(pipeline.get_iterator(timeout=WAIT)) for _ in range(3)]
     assert epochs == [_expected_pass(5, e) for e in range(3)]  # the child's source went on
     source.close()
+
+
+async def _slowly(items):
+    for item in items:
+        yield item
+
+
+def test_an_async_callable_object_routes_and_paths_take_async_ops():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import PathVariants, Pipe
+
+    class Router:
+        async def __call__(self, x):
+            return 0 if x < 3 else 1
+
+    async def double(x):
+        return 2 * x
+
+    config = _defs_pipeline(
+        _slowly(range(6)), PathVariants(Router(), [[Pipe(double)], [Pipe(_negate)]])
+    )
+    assert sorted(build_pipeline(config)) == sorted([0, 2, 4, -3, -4, -5])

@@ -121,8 +121,9 @@ class PathVariantsConfig:
     name: str | None = None
 
     def __post_init__(self) -> None:
+        # ValueError for all of these, as SPDL raises (code may catch it)
         if not callable(self.router):
-            raise TypeError(f"the router must be callable, got {self.router!r}")
+            raise ValueError(f"the router must be callable, got {self.router!r}")
         if not self.paths:
             raise ValueError("path_variants needs at least one path")
         for i, path in enumerate(self.paths):
@@ -132,7 +133,7 @@ class PathVariantsConfig:
                 if not isinstance(
                     stage, (PipeConfig, AggregateConfig, DisaggregateConfig, PathVariantsConfig)
                 ):
-                    raise TypeError(
+                    raise ValueError(
                         f"path {i} of path_variants holds {stage!r}: a path holds stages "
                         "(Pipe, Aggregate, Disaggregate, PathVariants)"
                     )
