@@ -1442,7 +1442,7 @@ def test_merge_gives_every_item_of_every_pipeline_then_the_outer_stages_run():
     # the builder takes a Merge as its source too, and builds it again
     builder = PipelineBuilder().add_source(merged).pipe(_triple)
     assert sorted(builder.build()) == sorted(builder.build())
-    with pytest.raises(ValueError, match="at least one"):
+    with pytest.raises(ValueError, match="at least one upstream pipeline"):
         Merge([])
 
 
@@ -1450,7 +1450,8 @@ def test_a_custom_merge_op_reads_queues_that_end_with_eof():
     from torch_spdl.pipeline import build_pipeline, is_eof
     from torch_spdl.pipeline.defs import Merge, PipelineConfig
 
-    async def round_robin(name, input_queues, output_queue):
+    async def round_robin(info, input_queues, output_queue):
+        assert str(info) == "merge"
         active = list(input_queues)
         while active:
             for queue in list(active):

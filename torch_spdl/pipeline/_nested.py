@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EOF, Channel, ChannelAborted
+from ._hooks import StageInfo
 from ._node import Node
 
 if TYPE_CHECKING:
@@ -32,11 +33,11 @@ if TYPE_CHECKING:
 
 __all__ = ["ChannelSource", "MergedSource", "PathVariantsStage", "merge_as_available"]
 
-MergeOp = Callable[[str, Sequence[asyncio.Queue], asyncio.Queue], Any]
+MergeOp = Callable[[Any, Sequence[asyncio.Queue], asyncio.Queue], Any]
 
 
 async def merge_as_available(
-    name: str, input_queues: Sequence[asyncio.Queue], output_queue: asyncio.Queue
+    info: Any, input_queues: Sequence[asyncio.Queue], output_queue: asyncio.Queue
 ) -> None:
     """The default merge: every item of every input, in the order they arrive."""
 
@@ -61,7 +62,7 @@ class MergedSource:
         make_pipeline: Callable[[Any], Pipeline[Any]] | None = None,
     ) -> None:
         if not configs:
-            raise ValueError("Merge needs at least one pipeline config")
+            raise ValueError("Merge needs at least one upstream pipeline config")
         self.configs = list(configs)
         self.op = op
         self.make_pipeline = make_pipeline
@@ -110,7 +111,10 @@ class MergedSource:
 
         async def merge() -> None:
             try:
-                await (self.op or merge_as_available)("merge", inputs, output)
+                # SPDL passes the merge stage's StageInfo (older versions its name: its
+                # str() is the name, so code written for either works)
+                info = StageInfo("merge", 0)
+                await (self.op or merge_as_available)(info, inputs, output)
             finally:
                 await output.put(EOF)
 

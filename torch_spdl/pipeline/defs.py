@@ -96,7 +96,8 @@ class MergeConfig:
 
     Args:
         pipeline_configs: the pipelines whose outputs are merged (at least one).
-        op: an async function ``op(name, input_queues, output_queue)`` that moves items
+        op: an async function ``op(info, input_queues, output_queue)`` (``info``: the
+            merge's ``StageInfo``, whose ``str()`` is its name) that moves items
             from the input ``asyncio.Queue`` objects (each ends with an item for which
             ``is_eof`` is true) to the output queue; default: every item, as they come.
     """
@@ -106,7 +107,7 @@ class MergeConfig:
 
     def __post_init__(self) -> None:
         if len(self.pipeline_configs) < 1:
-            raise ValueError("Merge needs at least one pipeline config")
+            raise ValueError("Merge needs at least one upstream pipeline config")
 
     def _merged_source(self) -> MergedSource:
         configs = [getattr(c, "_to_builder_config", lambda c=c: c)() for c in self.pipeline_configs]
@@ -120,7 +121,7 @@ def Merge(  # noqa: N802
 
     Args:
         pipeline_configs: the pipelines (``PipelineConfig`` objects) to merge.
-        op: a custom async merge ``op(name, input_queues, output_queue)``.
+        op: a custom async merge ``op(info, input_queues, output_queue)``.
     """
     return MergeConfig(tuple(pipeline_configs), op)
 
