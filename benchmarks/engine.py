@@ -98,6 +98,51 @@ def async_sleep(n: int) -> float:
     return _run(b, n)
 
 
+def _gil(x: int) -> int:
+    """A GIL-bound op: about 0.1-0.2 ms of pure Python arithmetic."""
+    total = 0
+    for i in range(2000):
+        total += i * i
+    return x + total % 2
+
+
+REGION_WORKERS = 2
+
+
+def region(n: int) -> float:
+    """Two GIL-bound stages fused into one to() region of REGION_WORKERS processes."""
+    from torch_spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig
+
+    b = (
+        PipelineBuilder()
+        .add_source(range(n))
+        .to(ProcessPoolExecutorConfig(max_workers=REGION_WORKERS))
+        .pipe(_gil)
+        .pipe(_gil)
+        .to(MAIN_PROCESS)
+        .add_sink(SINK)
+    )
+    return _run(b, n)
+
+
+def per_item_processes(n: int) -> float:
+    """The same two stages, each handing its items to a process pool of the same size."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(REGION_WORKERS) as pool:
+        b = PipelineBuilder().add_source(range(n))
+        b.pipe(_gil, executor=pool, concurrency=2 * REGION_WORKERS)
+        b.pipe(_gil, executor=pool, concurrency=2 * REGION_WORKERS)
+        return _run(b.add_sink(SINK), n)
+
+
+def gil_threads(n: int) -> float:
+    """The same two stages on threads (the GIL lets one run at a time)."""
+    b = PipelineBuilder().add_source(range(n))
+    b.pipe(_gil, concurrency=REGION_WORKERS).pipe(_gil, concurrency=REGION_WORKERS)
+    return _run(b.add_sink(SINK), n)
+
+
 def _torch(n: int, workers: int) -> float:
     from dataloader import IntDataset, _rate  # benchmarks/dataloader.py, beside this script
     from torch.utils.data import DataLoader
@@ -121,6 +166,9 @@ CASES: list[tuple[str, Callable[[int], float], int, str]] = [
         100_000,
         "(hook cost)",
     ),
+    ("2 GIL-bound stages, to() region, 2 procs", region, 4_000, "(region)"),
+    ("2 GIL-bound stages, pipe(executor=pool)", per_item_processes, 4_000, "(region)"),
+    ("2 GIL-bound stages, threads", gil_threads, 4_000, "(region)"),
 ]
 
 

@@ -6,7 +6,9 @@ where we differ on purpose), through the public API only.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import pickle
 import random
 import threading
@@ -610,17 +612,8 @@ def test_defs_check_what_they_declare():
         SourceConfig(3)
     with pytest.raises(ValueError, match="buffer_size"):
         SinkConfig(-1)
-    with pytest.raises(TypeError, match="Pipe, Aggregate or Disaggregate"):
+    with pytest.raises(TypeError, match="Pipe, Aggregate, Disaggregate or PathVariants"):
         PipelineConfig(SourceConfig([]), [_triple])
-
-
-def test_execution_regions_say_they_are_not_available():
-    from torch_spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig
-
-    with pytest.raises(NotImplementedError, match="not available yet"):
-        ProcessPoolExecutorConfig(num_workers=2)
-    with pytest.raises(NotImplementedError, match="executor=ProcessPoolExecutor"):
-        MAIN_PROCESS()
 
 
 def test_a_builder_pickles_and_builds_the_same_after():
@@ -974,3 +967,843 @@ def test_task_stats_hook_counts_every_task_with_many_workers(n, concurrency, per
     assert len(list(pipeline)) == n - len(range(0, n, period))
     perf = hooks[0].stats()
     assert (perf.num_tasks, perf.num_failures) == (n, len(range(0, n, period)))
+
+
+# ---------------------------------------------------------------------------------------
+# 6. Queues: AsyncQueue, StatsQueue, QueuePerfStats, build(queue_class=...)
+# ---------------------------------------------------------------------------------------
+def test_a_queue_class_gets_one_queue_per_boundary_with_its_hook_around_the_run():
+    from torch_spdl.pipeline import AsyncQueue
+
+    made: list = []
+    events: list = []
+
+    class Recording(AsyncQueue):
+        def __init__(self, name, *, buffer_size=1):
+            super().__init__(name, buffer_size=buffer_size)
+            made.append((name, buffer_size))
+
+        @asynccontextmanager
+        async def stage_hook(self):
+            events.append(("enter", self.name))
+            yield
+            events.append(("exit", self.name))
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(20))
+        .pipe(_triple)
+        .aggregate(5)
+        .add_sink(7)
+        .build(queue_class=Recording, queue_size=9)
+    )
+    assert list(pipeline) == [[3 * x for x in range(i, i + 5)] for i in range(0, 20, 5)]
+    assert [size for _, size in made] == [9, 9, 7]
+    names = [name for name, _ in made]
+    assert sorted(events) == sorted([("enter", n) for n in names] + [("exit", n) for n in names])
+
+
+def test_stats_queue_measures_every_item_of_every_boundary():
+    from torch_spdl.pipeline import QueuePerfStats, StatsQueue
+
+    finals: dict = {}
+
+    class Keep(StatsQueue):
+        async def final_stats_callback(self, stats):
+            finals[self.name] = stats
+
+    pipeline = PipelineBuilder().add_source(range(50)).pipe(_triple, concurrency=3).add_sink(4)
+    assert sorted(pipeline.build(queue_class=Keep)) == [3 * x for x in range(50)]
+    assert len(finals) == 2
+    for stats in finals.values():
+        assert isinstance(stats, QueuePerfStats)
+        assert stats.num_items == 50
+        assert stats.elapsed > 0 and stats.qps == stats.num_items / stats.elapsed
+        assert stats.ave_put_time >= 0 and stats.ave_get_time >= 0
+        assert 0.0 <= stats.occupancy_rate <= 1.0
+
+
+def test_queue_perf_stats_qps_of_an_empty_period_is_zero():
+    from torch_spdl.pipeline import QueuePerfStats
+
+    assert QueuePerfStats(0.0, 0, 0.0, 0.0, 0.0).qps == 0
+    assert QueuePerfStats(2.0, 10, 0.0, 0.0, 1.0).qps == 5
+
+
+def test_queue_class_must_be_an_async_queue_class():
+    from torch_spdl.pipeline import StatsQueue
+
+    builder = PipelineBuilder().add_source(range(3)).pipe(_triple)
+    with pytest.raises(TypeError, match="AsyncQueue"):
+        builder.build(queue_class=dict)
+    with pytest.raises(TypeError, match="not an instance"):
+        builder.build(queue_class=StatsQueue("q"))
+
+
+@pytest.mark.parametrize("thread_output", [None, False, True])
+def test_stage_id_reaches_the_hooks_and_thread_output_queue_is_accepted(thread_output):
+    seen = []
+
+    def factory(info):
+        seen.append(info.stage_id)
+        return []
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(4))
+        .pipe(_triple)
+        .build(task_hook_factory=factory, stage_id=7, use_thread_output_queue=thread_output)
+    )
+    assert list(pipeline) == [0, 3, 6, 9]
+    assert seen == [7]
+
+
+def test_an_async_queue_is_still_an_asyncio_queue():
+    import asyncio
+
+    from torch_spdl.pipeline import AsyncQueue
+
+    async def use():
+        queue = AsyncQueue("q", buffer_size=2)
+        await queue.put(1)
+        async with queue.stage_hook():
+            return await queue.get(), queue.maxsize, queue.name
+
+    assert asyncio.run(use()) == (1, 2, "q")
+
+
+# ---------------------------------------------------------------------------------------
+# 7. add_source(continuous=True): one epoch per iteration, the pipeline kept running
+# ---------------------------------------------------------------------------------------
+class _Epochs:
+    """A re-iterable source that counts its passes (its own epoch counter)."""
+
+    def __init__(self, n):
+        self.n = n
+        self.passes = 0
+
+    def __iter__(self):
+        self.passes += 1
+        yield from range(self.n)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5])
+def test_a_continuous_pipeline_yields_one_epoch_per_iteration(n):
+    source = _Epochs(n)
+    pipeline = (
+        PipelineBuilder()
+        .add_source(source, continuous=True)
+        .pipe(_triple, concurrency=4)
+        .add_sink(3)
+        .build(num_threads=4)
+    )
+    with pipeline.auto_stop():
+        for _ in range(3):
+            assert sorted(pipeline.get_iterator(timeout=WAIT)) == [3 * x for x in range(n)]
+    assert source.passes == 3
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_aggregate_closes_its_group_at_every_epoch_boundary(drop_last):
+    pipeline = (
+        PipelineBuilder()
+        .add_source(_Epochs(5), continuous=True)
+        .aggregate(3, drop_last=drop_last)
+        .add_sink(3)
+        .build()
+    )
+    expected = [[0, 1, 2]] if drop_last else [[0, 1, 2], [3, 4]]
+    with pipeline.auto_stop():
+        assert [list(pipeline) for _ in range(3)] == [expected] * 3
+
+
+def test_a_continuous_pipeline_declared_with_defs_and_get_item_per_epoch():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import PipelineConfig, SinkConfig, SourceConfig
+
+    config = PipelineConfig(SourceConfig(_Epochs(2), continuous=True), [], SinkConfig(2))
+    pipeline = build_pipeline(config)
+    with pipeline.auto_stop():
+        for _ in range(2):
+            assert [pipeline.get_item(timeout=WAIT) for _ in range(2)] == [0, 1]
+            with pytest.raises(EOFError, match="epoch"):
+                pipeline.get_item(timeout=WAIT)
+
+
+def test_a_continuous_pipeline_stopped_mid_epoch_stops_and_stays_stopped():
+    pipeline = PipelineBuilder().add_source(_Epochs(1000), continuous=True).build()
+    with pipeline.auto_stop():
+        it = pipeline.get_iterator(timeout=WAIT)
+        assert [next(it), next(it)] == [0, 1]
+    assert list(pipeline) == []
+
+
+def test_a_continuous_pipeline_reports_a_failure_like_any_other():
+    pipeline = (
+        PipelineBuilder()
+        .add_source(_Epochs(5), continuous=True)
+        .pipe(fail_when(lambda x: x == 2))
+        .build(max_failures=0)
+    )
+    with pytest.raises(PipelineFailure), pipeline.auto_stop():
+        assert list(pipeline) == [0, 1]
+    # iterated without start(): the loop raises at the end of the stream
+    pipeline = (
+        PipelineBuilder()
+        .add_source(_Epochs(5), continuous=True)
+        .pipe(fail_when(lambda x: x == 2))
+        .build(max_failures=0)
+    )
+    got = []
+    with pytest.raises(PipelineFailure):
+        for x in pipeline:
+            got.append(x)
+    assert got == [0, 1]
+    pipeline.stop()
+
+
+def test_epoch_and_end_markers_are_recognised():
+    from torch_spdl.pipeline import is_eof, is_epoch_end
+
+    assert not is_eof(None) and not is_epoch_end(None) and not is_eof(0)
+
+
+def test_a_continuous_pipeline_with_a_custom_aggregator_flushes_every_epoch():
+    from torch_spdl.pipeline.defs import Aggregator
+
+    class Sum(Aggregator):
+        def __init__(self):
+            self.total = 0
+
+        def accumulate(self, item):
+            self.total += item
+            return None
+
+        def flush(self):
+            total, self.total = self.total, 0
+            return total
+
+    pipeline = PipelineBuilder().add_source(_Epochs(4), continuous=True).aggregate(Sum()).build()
+    with pipeline.auto_stop():
+        assert [list(pipeline) for _ in range(3)] == [[6]] * 3
+
+
+# ---------------------------------------------------------------------------------------
+# 5. run_pipeline_in_subprocess: one child for every iteration, the source's state kept
+# ---------------------------------------------------------------------------------------
+class _CountingShuffled:
+    """A source with its own epoch counter: each pass is reshuffled from its number."""
+
+    def __init__(self, n):
+        self.n = n
+        self.epoch = 0
+
+    def __iter__(self):
+        order = list(range(self.n))
+        random.Random(self.epoch).shuffle(order)
+        self.epoch += 1
+        for x in order:
+            yield (self.epoch, x)
+
+
+def _with_pid(item):
+    return (os.getpid(), *item)
+
+
+def _expected_pass(n, epoch):
+    order = list(range(n))
+    random.Random(epoch).shuffle(order)
+    return [(epoch + 1, x) for x in order]
+
+
+@pytest.mark.parametrize("pool", [None, "thread", "process"])
+def test_run_pipeline_in_subprocess_reuses_one_child_and_the_sources_state(pool):
+    from concurrent.futures import ProcessPoolExecutor
+
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+    from torch_spdl.pipeline.defs import Pipe, PipelineConfig, SourceConfig
+
+    executor = {
+        None: None,
+        "thread": ThreadPoolExecutor(max_workers=2),
+        "process": ProcessPoolExecutor(max_workers=1),
+    }[pool]
+    try:
+        config = PipelineConfig(
+            SourceConfig(_CountingShuffled(6)),
+            [Pipe(_with_pid, executor=executor, concurrency=2, output_order="input")],
+        )
+        result = run_pipeline_in_subprocess(config, buffer_size=2)
+        pids = set()
+        for epoch in range(3):
+            got = list(result)
+            pids.add(got[0][0] if pool != "process" else None)
+            assert [g[1:] for g in got] == _expected_pass(6, epoch)
+        if pool != "process":  # the op runs in the child itself: one pid for every pass
+            assert len(pids) == 1 and pids != {os.getpid()}
+        result.close()
+    finally:
+        if executor is not None:
+            executor.shutdown()
+    import multiprocessing
+
+    assert multiprocessing.active_children() == []
+
+
+def test_an_iteration_abandoned_midway_leaves_nothing_for_the_next():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+    from torch_spdl.pipeline.defs import PipelineConfig, SourceConfig
+
+    result = run_pipeline_in_subprocess(
+        PipelineConfig(SourceConfig(_CountingShuffled(50))), buffer_size=3
+    )
+    for item in result:
+        assert item == _expected_pass(50, 0)[0]
+        break
+    assert list(result) == _expected_pass(50, 1)
+    del result
+    import gc
+    import multiprocessing
+
+    gc.collect()
+    assert multiprocessing.active_children() == []
+
+
+def test_a_continuous_pipeline_in_a_subprocess_yields_an_epoch_per_iteration():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    config = PipelineBuilder().add_source(_CountingShuffled(4), continuous=True).get_config()
+    result = run_pipeline_in_subprocess(config, timeout=WAIT)
+    assert [list(result) for _ in range(3)] == [_expected_pass(4, e) for e in range(3)]
+    result.close()
+
+
+def test_a_failed_run_in_the_subprocess_is_raised_and_the_next_runs_anew():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    config = PipelineBuilder().add_source(range(5)).pipe(_fail_on_three).get_config()
+    result = run_pipeline_in_subprocess(config, max_failures=0)
+    for _ in range(2):
+        with pytest.raises(PipelineFailure) as info:
+            list(result)
+        assert info.group_contains(Boom)
+    result.close()
+
+
+def _fail_on_three(x):
+    if x == 3:
+        raise Boom("three")
+    return x
+
+
+# ---------------------------------------------------------------------------------------
+# 8. more names: cache_iterator, priority executors, ProfileResult/ProfileHook, sampler
+# ---------------------------------------------------------------------------------------
+def test_cache_iterator_replays_the_first_items_after_a_while():
+    from torch_spdl.pipeline import cache_iterator
+
+    got = list(cache_iterator(range(100), 3, return_caches_after=5, stop_after=11))
+    assert got == [0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2]
+    assert list(itertools.islice(cache_iterator(iter(range(2)), 2), 6)) == [0, 1] * 3
+    assert list(cache_iterator([], 2, stop_after=4)) == []
+    with pytest.raises(ValueError, match="at least num_caches"):
+        cache_iterator(range(3), 3, return_caches_after=1)
+
+
+def test_a_priority_pool_starts_the_highest_priority_waiting_task_first():
+    from torch_spdl.pipeline import PriorityThreadPoolExecutor
+
+    gate = threading.Event()
+    order = []
+    pool = PriorityThreadPoolExecutor(max_workers=1)
+    try:
+        low, high = pool.get_executor(), pool.get_executor()  # made later: higher priority
+        first = low.submit(gate.wait, WAIT)  # holds the only worker
+        waiting = [low.submit(order.append, "low") for _ in range(2)]
+        waiting.append(high.submit(order.append, "high"))
+        waiting.append(pool.get_executor(priority=-5).submit(order.append, "lowest"))
+        gate.set()
+        assert first.result(WAIT) is True
+        for future in waiting:
+            future.result(WAIT)
+        assert order == ["high", "low", "low", "lowest"]
+    finally:
+        pool.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_priority_executors_run_pipeline_stages(kind):
+    from torch_spdl.pipeline import PriorityProcessPoolExecutor, PriorityThreadPoolExecutor
+
+    cls = PriorityThreadPoolExecutor if kind == "thread" else PriorityProcessPoolExecutor
+    pool = cls(max_workers=2)
+    try:
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(20))
+            .pipe(_triple, executor=pool.get_executor(), concurrency=2)
+            .pipe(_triple, executor=pool.get_executor(), concurrency=2)
+            .add_sink(4)
+            .build()
+        )
+        assert sorted(pipeline) == [9 * x for x in range(20)]
+        entry = pickle.loads(pickle.dumps(pool.get_executor(priority=3)))
+        assert entry.priority == 3 and entry.owner is pool  # same process: the same pool
+    finally:
+        pool.shutdown()
+
+
+def test_profile_pipeline_takes_spdls_arguments_and_returns_profile_results():
+    from torch_spdl.pipeline import ProfileHook, ProfileResult, profile_pipeline
+    from torch_spdl.pipeline.defs import Pipe, PipelineConfig, SourceConfig
+
+    events = []
+
+    class Hook(ProfileHook):
+        @contextlib.contextmanager
+        def stage_profile_hook(self, stage, concurrency):
+            events.append(("stage", stage, concurrency))
+            yield
+
+        @contextlib.contextmanager
+        def pipeline_profile_hook(self):
+            events.append("begin")
+            yield
+            events.append("end")
+
+    seen = []
+    config = PipelineConfig(SourceConfig(range(50)), [Pipe(_triple, name="triple")])
+    results = profile_pipeline(
+        config, 20, callback=seen.append, hook=Hook(), concurrency_levels=(1, 2), file=None
+    )
+    assert len(results) == 1 and seen == list(results)
+    (result,) = results
+    assert isinstance(result, ProfileResult) and result.name == "1:triple"
+    assert [s.concurrency for s in result.stats] == [2, 1]
+    assert all(s.qps > 0 and 0.0 <= s.occupancy_rate <= 1.0 for s in result.stats)
+    assert events[0] == "begin" and events[-1] == "end"
+    assert sorted(e[2] for e in events[1:-1]) == [1, 2]
+
+
+def test_distributed_random_sampler_takes_spdls_signature_too():
+    from torch_spdl.source import DistributedRandomSampler
+
+    ranks = [DistributedRandomSampler(9, rank=r, world_size=3) for r in range(3)]
+    assert sorted(i for s in ranks for i in s) == list(range(9))
+    sampler = ranks[0]
+    first = list(sampler)
+    assert list(sampler) == first  # no reshuffle without shuffle() / set_epoch()
+    assert sampler.shuffle  # the flag reads true
+    sampler.shuffle(seed=1)
+    again = list(sampler)
+    sampler.shuffle(seed=1)
+    assert list(sampler) == again
+    weighted = DistributedRandomSampler(4, rank=0, world_size=1, num_draws=50, weights=[0, 0, 1, 0])
+    assert list(weighted) == [2] * 50 and len(weighted) == 50
+    halves = [
+        DistributedRandomSampler(10, rank=r, world_size=2, num_draws=6, weights=[1.0] * 10)
+        for r in range(2)
+    ]
+    assert [len(list(h)) for h in halves] == [3, 3]
+    assert len(list(DistributedRandomSampler(5, rank=0, world_size=1, num_draws=12))) == 12
+    unshuffled = DistributedRandomSampler(4, rank=0, world_size=1, shuffle=False)
+    assert not unshuffled.shuffle and list(unshuffled) == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------
+# 8. Merge / MergeConfig and PathVariants / path_variants
+# ---------------------------------------------------------------------------------------
+def _negate(x):
+    return -x
+
+
+def _parity(x):
+    return x % 2
+
+
+async def _async_parity(x):
+    return x % 2
+
+
+def _defs_pipeline(items, *pipes):
+    from torch_spdl.pipeline.defs import PipelineConfig, SinkConfig, SourceConfig
+
+    return PipelineConfig(SourceConfig(items), list(pipes), SinkConfig(4))
+
+
+def test_merge_gives_every_item_of_every_pipeline_then_the_outer_stages_run():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import Merge, MergeConfig, Pipe, PipelineConfig
+
+    merged = Merge([_defs_pipeline(range(5)), _defs_pipeline(range(10, 13), Pipe(_negate))])
+    assert isinstance(merged, MergeConfig)
+    pipeline = build_pipeline(PipelineConfig(merged, [Pipe(_triple)]))
+    assert sorted(pipeline) == sorted([3 * x for x in range(5)] + [-30, -33, -36])
+    # the builder takes a Merge as its source too, and builds it again
+    builder = PipelineBuilder().add_source(merged).pipe(_triple)
+    assert sorted(builder.build()) == sorted(builder.build())
+    with pytest.raises(ValueError, match="at least one upstream pipeline"):
+        Merge([])
+
+
+def test_a_custom_merge_op_reads_queues_that_end_with_eof():
+    from torch_spdl.pipeline import build_pipeline, is_eof
+    from torch_spdl.pipeline.defs import Merge, PipelineConfig
+
+    async def round_robin(info, input_queues, output_queue):
+        assert str(info) == "merge"
+        active = list(input_queues)
+        while active:
+            for queue in list(active):
+                item = await queue.get()
+                if is_eof(item):
+                    active.remove(queue)
+                else:
+                    await output_queue.put(item)
+
+    config = PipelineConfig(Merge([_defs_pipeline([1, 2, 3]), _defs_pipeline([4, 5])], round_robin))
+    assert list(build_pipeline(config)) == [1, 4, 2, 5, 3]
+
+    async def first_two(name, input_queues, output_queue):  # returns early: inputs stop
+        for _ in range(2):
+            await output_queue.put(await input_queues[0].get())
+
+    endless = PipelineConfig(Merge([_defs_pipeline(itertools.count())], first_two))
+    assert list(build_pipeline(endless)) == [0, 1]
+
+
+def test_a_failing_merged_pipeline_fails_the_outer_one_after_its_items():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import Merge, Pipe, PipelineConfig
+
+    bad = _defs_pipeline(range(5), Pipe(fail_when(lambda x: x == 3)))
+    pipeline = build_pipeline(PipelineConfig(Merge([bad])), max_failures=0)
+    got = []
+    with pytest.raises(PipelineFailure) as info:
+        for x in pipeline:
+            got.append(x)
+    assert got == [0, 1, 2][: len(got)]
+    assert info.group_contains(Boom, match="bad item 3")
+
+
+@pytest.mark.parametrize("router", [_parity, _async_parity])
+def test_path_variants_send_each_item_down_its_path_and_join(router):
+    from torch_spdl.pipeline.defs import Aggregate, Disaggregate, Pipe
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .path_variants(
+            router,
+            [[Pipe(_negate)], [Pipe(_triple, concurrency=2), Aggregate(2), Disaggregate()]],
+        )
+        .pipe(_triple)
+        .add_sink(4)
+        .build()
+    )
+    expected = [3 * -x for x in range(0, 10, 2)] + [9 * x for x in range(1, 10, 2)]
+    assert sorted(pipeline) == sorted(expected)
+
+
+def test_path_variants_declared_with_defs_nest_and_check_their_paths():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import PathVariants, PathVariantsConfig, Pipe, SinkConfig
+
+    inner = PathVariants(_parity, [[Pipe(_negate)], [Pipe(_triple)]])
+    outer = PathVariants(lambda x: 0 if x < 5 else 1, [[inner], [Pipe(_triple), Pipe(_triple)]])
+    assert isinstance(outer, PathVariantsConfig)
+    config = _defs_pipeline(range(8), outer)
+    got = sorted(build_pipeline(config))
+    assert got == sorted([0, -2, -4, 3, 9, 45, 54, 63])
+    with pytest.raises(ValueError, match="empty"):
+        PathVariants(_parity, [[Pipe(_negate)], []])
+    with pytest.raises(ValueError, match="holds"):
+        PathVariants(_parity, [[SinkConfig(2)]])
+    with pytest.raises(ValueError, match="callable"):
+        PathVariants(42, [[Pipe(_negate)]])
+
+
+def test_a_router_error_or_a_bad_index_fails_the_item_alone():
+    from torch_spdl.pipeline.defs import Pipe
+
+    def router(x):
+        if x == 1:
+            raise Boom("no route")
+        return 5 if x == 2 else 0
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(5))
+        .path_variants(router, [[Pipe(_negate)]], name="route")
+        .build()
+    )
+    assert sorted(pipeline) == [-4, -3, 0]
+    assert _stage(pipeline, "route").num_failed == 2
+    strict = PipelineBuilder().add_source(range(5)).path_variants(router, [[Pipe(_negate)]])
+    with pytest.raises(PipelineFailure) as info:
+        list(strict.build(max_failures=0))
+    assert info.group_contains(Boom, match="no route")
+
+
+def test_a_failing_path_fails_the_pipeline():
+    from torch_spdl.pipeline.defs import Pipe
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(50))
+        .path_variants(_parity, [[Pipe(fail_when(lambda x: x == 4))], [Pipe(_negate)]])
+        .build(max_failures=0)
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert info.group_contains(Boom, match="bad item 4")
+
+
+# ---------------------------------------------------------------------------------------
+# 9. Execution regions: to(ProcessPoolExecutorConfig(...)) ... to(MAIN_PROCESS)
+# ---------------------------------------------------------------------------------------
+def _pid_tag(x):
+    return (x, os.getpid())
+
+
+def _no_children_left():
+    import multiprocessing
+
+    return multiprocessing.active_children() == []
+
+
+def test_a_region_runs_its_stages_together_in_worker_processes():
+    from torch_spdl.pipeline.defs import MAIN_PROCESS, ProcessPoolExecutorConfig
+
+    lock = threading.Lock()  # an op holding a lock does not pickle: fork carries it
+
+    def second(tagged):
+        with lock:
+            return (*tagged, os.getpid())
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(200))
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(_pid_tag, concurrency=2)
+        .pipe(second)
+        .to(MAIN_PROCESS)
+        .pipe(_pid_tag)
+        .add_sink(8)
+        .build()
+    )
+    got = list(pipeline)
+    assert sorted(x for (x, _, _), _ in got) == list(range(200))
+    for (_, first_pid, second_pid), main_pid in got:
+        assert first_pid == second_pid != main_pid == os.getpid()  # fused, in a worker
+    assert len({pid for (_, pid, _), _ in got}) <= 2
+    region = pipeline.get_stats()[1]
+    assert region.name.startswith("1:processes[2]") and region.num_in == region.num_out == 200
+    assert _no_children_left()
+
+
+def test_a_region_of_aggregates_and_async_ops_declared_with_defs():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import (
+        MAIN_PROCESS,
+        Aggregate,
+        Pipe,
+        PlacementConfig,
+        ProcessPoolExecutorConfig,
+    )
+
+    async def twice(x):
+        return 2 * x
+
+    config = _defs_pipeline(
+        range(40),
+        PlacementConfig(ProcessPoolExecutorConfig(max_workers=1)),
+        Pipe(twice),
+        Aggregate(10),
+        PlacementConfig(MAIN_PROCESS),
+        Pipe(sum),
+    )
+    assert list(build_pipeline(config)) == [
+        sum(2 * x for x in range(i, i + 10)) for i in (0, 10, 20, 30)
+    ]
+
+
+def test_a_failing_op_in_a_region_names_the_worker_and_the_item():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(100))
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(fail_when(lambda x: x == 37), name="check")
+        .build(max_failures=0)
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    (error,) = info.value.exceptions
+    assert isinstance(error, Boom) and str(error) == "bad item 37"
+    notes = "\n".join(error.__notes__)
+    assert "stage '1:check' failed on item 37" in notes and "region worker" in notes
+    assert _no_children_left()
+
+
+def test_failed_items_in_a_region_are_counted_within_the_limit():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(50))
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(fail_when(lambda x: x % 10 == 0))
+        .build()
+    )
+    assert sorted(pipeline) == [x for x in range(50) if x % 10]
+    assert pipeline.get_stats()[1].num_failed == 5
+
+
+def _die_at_50(x):
+    if x == 50:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def test_a_killed_region_worker_fails_the_pipeline_and_never_hangs():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(1000))
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(_die_at_50)
+        .build()
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline.get_iterator(timeout=WAIT))
+    (error,) = info.value.exceptions
+    assert isinstance(error, RuntimeError)
+    assert "region worker" in str(error) and "exited unexpectedly with code -9" in str(error)
+    assert _no_children_left()
+
+
+def test_leaving_a_region_pipeline_early_stops_its_workers():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(itertools.count())
+        .to(ProcessPoolExecutorConfig(max_workers=2))
+        .pipe(_triple)
+        .build()
+    )
+    with pipeline.auto_stop():
+        for x in pipeline:
+            if x > 30:
+                break
+    assert _no_children_left()
+
+
+def test_regions_check_their_declaration():
+    from torch_spdl.pipeline.defs import (
+        MAIN_PROCESS,
+        InterpreterPoolExecutorConfig,
+        ProcessPoolExecutorConfig,
+    )
+
+    pool = ProcessPoolExecutorConfig(max_workers=1)
+    with pytest.raises(ValueError, match="no stage"):
+        PipelineBuilder().add_source(range(3)).to(pool).to(MAIN_PROCESS).pipe(_triple).build()
+    with pytest.raises(ValueError, match="takes no executor"):
+        (
+            PipelineBuilder()
+            .add_source(range(3))
+            .to(pool)
+            .pipe(_triple, executor=ThreadPoolExecutor(1))
+            .build()
+        )
+    with pytest.raises(TypeError, match="ProcessPoolExecutorConfig or MAIN_PROCESS"):
+        PipelineBuilder().to(4)
+    with pytest.raises(ValueError, match="max_workers"):
+        ProcessPoolExecutorConfig(max_workers=0)
+    with pytest.raises(RuntimeError, match="3.14"):
+        InterpreterPoolExecutorConfig()
+    # MAIN_PROCESS outside a region changes nothing; a builder with a region pickles
+    plain = PipelineBuilder().add_source(range(3)).to(MAIN_PROCESS).pipe(_triple)
+    assert list(plain.build()) == [0, 3, 6]
+    assert pickle.loads(pickle.dumps(MAIN_PROCESS)) is MAIN_PROCESS
+    builder = PipelineBuilder().add_source(range(4)).to(pool).pipe(_triple)
+    assert sorted(pickle.loads(pickle.dumps(builder)).build()) == [0, 3, 6, 9]
+
+
+def test_an_item_that_cannot_reach_a_region_is_named():
+    from torch_spdl.pipeline.defs import ProcessPoolExecutorConfig
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source([1, 2, threading.Lock()])
+        .to(ProcessPoolExecutorConfig(max_workers=1))
+        .pipe(_pid_tag)
+        .build()
+    )
+    with pytest.raises(PipelineFailure) as info:
+        list(pipeline)
+    assert info.group_contains(TypeError, match="cannot be pickled to reach them")
+    assert _no_children_left()
+
+
+def _stall_after_three():
+    yield from range(3)
+    threading.Event().wait(WAIT * 3)  # a source that stalls (stopped long before this)
+
+
+class _Stalling:
+    def __iter__(self):
+        return _stall_after_three()
+
+
+def test_a_pipeline_fed_by_a_subprocess_stops_without_waiting_for_its_next_item():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    source = run_pipeline_in_subprocess(PipelineBuilder().add_source(_Stalling()).get_config())
+    pipeline = PipelineBuilder().add_source(source).build()
+    with pipeline.auto_stop(timeout=WAIT):
+        assert [pipeline.get_item(timeout=WAIT) for _ in range(3)] == [0, 1, 2]
+    # stopping ended the child, so the source thread was not left waiting for an item
+    assert not [t for t in threading.enumerate() if t.name == "torch_spdl-source"]
+    source.close()
+    assert _no_children_left()
+
+
+def test_a_continuous_pipeline_over_a_subprocess_keeps_one_child_across_epochs():
+    from torch_spdl.pipeline import run_pipeline_in_subprocess
+
+    backend = PipelineBuilder().add_source(_CountingShuffled(5)).get_config()
+    source = run_pipeline_in_subprocess(backend, timeout=WAIT)
+    pipeline = PipelineBuilder().add_source(source, continuous=True).build()
+    with pipeline.auto_stop():
+        epochs = [list(pipeline.get_iterator(timeout=WAIT)) for _ in range(3)]
+    assert epochs == [_expected_pass(5, e) for e in range(3)]  # the child's source went on
+    source.close()
+
+
+async def _slowly(items):
+    for item in items:
+        yield item
+
+
+def test_an_async_callable_object_routes_and_paths_take_async_ops():
+    from torch_spdl.pipeline import build_pipeline
+    from torch_spdl.pipeline.defs import PathVariants, Pipe
+
+    class Router:
+        async def __call__(self, x):
+            return 0 if x < 3 else 1
+
+    async def double(x):
+        return 2 * x
+
+    config = _defs_pipeline(
+        _slowly(range(6)), PathVariants(Router(), [[Pipe(double)], [Pipe(_negate)]])
+    )
+    assert sorted(build_pipeline(config)) == sorted([0, 2, 4, -3, -4, -5])

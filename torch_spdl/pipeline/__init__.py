@@ -14,18 +14,32 @@ from ._builder import (
     PipelineConfig,
     build_pipeline,
 )
-from ._compat import create_task, iterate_in_subinterpreter, run_pipeline_in_subinterpreter
+from ._compat import (
+    cache_iterator,
+    create_task,
+    is_eof,
+    is_epoch_end,
+    iterate_in_subinterpreter,
+    run_pipeline_in_subinterpreter,
+)
 from ._errors import PipelineFailure
 from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._pipeline import Pipeline
 from ._plot import plot_trace
-from ._profile import ProfileReport, StageProfile, profile_pipeline
+from ._priority import (
+    PriorityExecutorEntrypoint,
+    PriorityProcessPoolExecutor,
+    PriorityThreadPoolExecutor,
+)
+from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, profile_pipeline
+from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._stats import StageStats
 from ._subprocess import SubprocessError, iterate_in_subprocess, run_pipeline_in_subprocess
 from ._trace import PipelineTrace, TraceSample, TraceSpan, export_chrome_trace
 
 __all__ = [
     "AggregateConfig",
+    "AsyncQueue",
     "AutotuneConfig",
     "AutotuneController",
     "AutotuneSample",
@@ -38,11 +52,18 @@ __all__ = [
     "PipelineConfig",
     "PipelineFailure",
     "PipelineTrace",
+    "PriorityExecutorEntrypoint",
+    "PriorityProcessPoolExecutor",
+    "PriorityThreadPoolExecutor",
+    "ProfileHook",
     "ProfileReport",
+    "ProfileResult",
+    "QueuePerfStats",
     "StageProfile",
     "StageInfo",
     "StageSample",
     "StageStats",
+    "StatsQueue",
     "SubprocessError",
     "TaskHook",
     "TaskPerfStats",
@@ -50,8 +71,11 @@ __all__ = [
     "TraceSample",
     "TraceSpan",
     "build_pipeline",
+    "cache_iterator",
     "create_task",
     "export_chrome_trace",
+    "is_eof",
+    "is_epoch_end",
     "iterate_in_subinterpreter",
     "iterate_in_subprocess",
     "plot_trace",

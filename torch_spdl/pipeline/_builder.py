@@ -7,6 +7,7 @@ times (each build is a fresh pipeline), pickled to a subprocess, or profiled sta
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -19,14 +20,18 @@ from ._background import BackgroundTaskFactory
 from ._channel import Channel
 from ._failures import FailureBudget, MaxFailures, check_max_failures
 from ._hooks import StageInfo, TaskHook, check_hooks
+from ._nested import MergedSource, PathVariantsStage
 from ._node import Node
 from ._ops import OpKind, classify_op, op_name
 from ._pipeline import Pipeline
+from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
+from ._region import PlacementConfig, RegionConfig, RegionStage, fuse_regions
 from ._runtime import Runtime
 from ._source import SourceNode
 from ._thread_stage import ThreadStage
 
 __all__ = [
+    "PathVariantsConfig",
     "PipelineBuilder",
     "PipelineConfig",
     "PipeConfig",
@@ -106,7 +111,40 @@ class DisaggregateConfig:
         return "disaggregate"
 
 
-StageConfig = PipeConfig | AggregateConfig | DisaggregateConfig
+@dataclass(frozen=True)
+class PathVariantsConfig:
+    """``path_variants(router, paths)`` as declared: each item goes down the path whose
+    index ``router(item)`` returns; the paths' outputs join into one stream."""
+
+    router: Callable[[Any], Any]
+    paths: tuple[tuple[Any, ...], ...]
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        # ValueError for all of these, as SPDL raises (code may catch it)
+        if not callable(self.router):
+            raise ValueError(f"the router must be callable, got {self.router!r}")
+        if not self.paths:
+            raise ValueError("path_variants needs at least one path")
+        for i, path in enumerate(self.paths):
+            if not path:
+                raise ValueError(f"path {i} of path_variants is empty")
+            for stage in path:
+                if not isinstance(
+                    stage, (PipeConfig, AggregateConfig, DisaggregateConfig, PathVariantsConfig)
+                ):
+                    raise ValueError(
+                        f"path {i} of path_variants holds {stage!r}: a path holds stages "
+                        "(Pipe, Aggregate, Disaggregate, PathVariants)"
+                    )
+
+    def label(self) -> str:
+        return self.name or f"path_variants({len(self.paths)})"
+
+
+StageConfig = (
+    PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig | PlacementConfig
+)
 
 
 @dataclass
@@ -116,6 +154,7 @@ class PipelineConfig:
     source: Any
     stages: list[StageConfig] = field(default_factory=list)
     buffer_size: int = 3
+    continuous: bool = False  # add_source(continuous=True): one run per epoch, kept going
 
 
 class PipelineBuilder(Generic[T, U]):
@@ -138,22 +177,37 @@ class PipelineBuilder(Generic[T, U]):
     def __init__(self) -> None:
         self._source: Any = None
         self._has_source = False
+        self._continuous = False
         self._stages: list[StageConfig] = []
         self._buffer_size: int | None = None
 
-    def add_source(self, source: Iterable[T] | AsyncIterable[T]) -> PipelineBuilder[T, U]:
+    def add_source(
+        self, source: Iterable[T] | AsyncIterable[T], *, continuous: bool = False
+    ) -> PipelineBuilder[T, U]:
         """Set the iterable (or async iterable) that feeds the pipeline.
 
         A sync iterable runs on its own thread, so it may block (a ``Pipeline`` can be the
         source of another); an async iterable runs on the pipeline's event loop. To build
         more than once, pass a re-iterable (list, range, sampler), not a one-shot generator.
+
+        Args:
+            source: what feeds the pipeline.
+            continuous: SPDL's multi-epoch mode: the pipeline iterates ``source`` again
+                for each epoch, and each ``get_iterator()`` (or ``for`` loop) yields one
+                epoch and ends at its boundary; ``aggregate`` emits (or with
+                ``drop_last`` drops) its partial group at every boundary. The pipeline
+                runs until ``stop()``. ``source`` must be re-iterable.
         """
         if self._has_source:
             raise ValueError("the source is already set")
+        merged = getattr(source, "_merged_source", None)  # defs.Merge(...)
+        if merged is not None:
+            source = merged()
         if not isinstance(source, (Iterable, AsyncIterable)):
             raise TypeError(f"the source must be iterable or async iterable, got {source!r}")
         self._source = source
         self._has_source = True
+        self._continuous = bool(continuous)
         return self
 
     def pipe(
@@ -245,6 +299,40 @@ class PipelineBuilder(Generic[T, U]):
         self._stages.append(aggregate_config(num_items, drop_last))
         return self
 
+    def path_variants(
+        self,
+        router: Callable[[Any], Any],
+        paths: Sequence[Sequence[Any]],
+        name: str | None = None,
+    ) -> PipelineBuilder[T, U]:
+        """Send each item down one of several paths, then join the paths' outputs.
+
+        Args:
+            router: takes an item, returns the index of its path (a function or an async
+                function); an error or an index out of range fails the item.
+            paths: each a sequence of stages made by ``defs.Pipe``, ``defs.Aggregate``,
+                ``defs.Disaggregate`` or ``defs.PathVariants``; each runs as a pipeline
+                of its own, and their outputs come out in completion order.
+            name: the stage's name in stats and errors.
+        """
+        self._stages.append(PathVariantsConfig(router, tuple(tuple(p) for p in paths), name))
+        return self
+
+    def to(self, target: Any, /) -> PipelineBuilder[T, U]:
+        """Run the stages that follow on ``target``, until the next ``to()``.
+
+        ``to(defs.ProcessPoolExecutorConfig(max_workers=n))`` opens a region: its stages
+        run as one pipeline in each of ``n`` worker processes (started by ``fork`` on
+        Linux, so their ops need not pickle), and only the region's inputs and outputs
+        cross the process boundary, in chunks. ``to(defs.MAIN_PROCESS)`` closes it (a
+        region left open runs to the end). Stages in a region take no executor.
+
+        Args:
+            target: a ``ProcessPoolExecutorConfig`` or ``MAIN_PROCESS``.
+        """
+        self._stages.append(PlacementConfig(target))
+        return self
+
     def disaggregate(self) -> PipelineBuilder[T, U]:
         """Split each incoming list (any iterable) into separate items."""
         self._stages.append(DisaggregateConfig())
@@ -264,7 +352,7 @@ class PipelineBuilder(Generic[T, U]):
         if not self._has_source:
             raise RuntimeError("the source is not set: call add_source() first")
         buffer_size = 3 if self._buffer_size is None else self._buffer_size
-        return PipelineConfig(self._source, list(self._stages), buffer_size)
+        return PipelineConfig(self._source, list(self._stages), buffer_size, self._continuous)
 
     def build(
         self,
@@ -279,6 +367,8 @@ class PipelineBuilder(Generic[T, U]):
         task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
         stage_id: int = 0,
         background_tasks: Sequence[BackgroundTaskFactory] = (),
+        queue_class: type[AsyncQueue] | None = None,
+        use_thread_output_queue: Any = None,
     ) -> Pipeline[U]:
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
@@ -299,9 +389,17 @@ class PipelineBuilder(Generic[T, U]):
         :class:`StageInfo` (default: no hooks, and no cost); ``stage_id`` is passed to it.
         ``background_tasks`` are factories of :class:`BackgroundTask`: each runs on the
         pipeline's event loop from start to stop; a failure is logged, not raised.
+        ``queue_class`` (a subclass of :class:`AsyncQueue`, such as :class:`StatsQueue`)
+        observes every queue between stages: one instance per queue, its ``stage_hook()``
+        held from start to stop, and every hand-off reported to it (see ``_queues.py``;
+        default: none, and no cost). ``use_thread_output_queue`` is accepted for SPDL
+        code: the consumer always reads the sink from its own thread here, which is what
+        that option selects in SPDL.
         """
         return build_pipeline(
             self.get_config(),
+            queue_class=queue_class,
+            use_thread_output_queue=use_thread_output_queue,
             background_tasks=background_tasks,
             task_hook_factory=task_hook_factory,
             stage_id=stage_id,
@@ -355,6 +453,8 @@ def build_pipeline(
     task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
     stage_id: int = 0,
     background_tasks: Sequence[BackgroundTaskFactory] = (),
+    queue_class: type[AsyncQueue] | None = None,
+    use_thread_output_queue: Any = None,
 ) -> Pipeline[Any]:
     """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`.
 
@@ -369,6 +469,27 @@ def build_pipeline(
     to_builder_config = getattr(config, "_to_builder_config", None)  # defs.PipelineConfig
     if to_builder_config is not None:
         config = to_builder_config()
+    if config.continuous:  # one fresh run per epoch, behind one Pipeline
+        options = {k: v for k, v in locals().items() if k not in ("config", "to_builder_config")}
+        one_epoch = dataclasses.replace(config, continuous=False)
+        first = build_pipeline(one_epoch, **options)
+        first._continue_with(lambda: build_pipeline(one_epoch, **options))
+        return first
+
+    def make_inner(inner: Any) -> Pipeline[Any]:  # a pipeline inside this one
+        return build_pipeline(
+            inner,
+            num_threads=num_threads,
+            max_failures=max_failures,
+            task_hook_factory=task_hook_factory,
+            stage_id=stage_id,
+            queue_class=queue_class,
+        )
+
+    if any(isinstance(s, PlacementConfig) for s in config.stages):
+        config = dataclasses.replace(config, stages=fuse_regions(config.stages))
+    if isinstance(config.source, MergedSource):
+        config = dataclasses.replace(config, source=config.source.with_builder(make_inner))
     if num_threads is not None and num_threads < 1:
         raise ValueError(f"num_threads must be positive, got {num_threads!r}")
     if queue_size is not None and queue_size < 1:
@@ -384,6 +505,14 @@ def build_pipeline(
             memory_limit=memory_limit,
         )
     workers = [_workers(s, num_threads) for s in config.stages]
+    queues: list[AsyncQueue] = []
+
+    def new_channel(capacity: int, name: str) -> Channel[Any]:
+        if queue_class is None:
+            return Channel(capacity, name=name)
+        queues.append(make_queue(queue_class, name, capacity, report_stats_interval))
+        return ObservedChannel(capacity, name, queues[-1])
+
     channels: list[Channel[Any]] = []
     depth = 0  # how many aggregates deep: > 0 means the items are batches
     for i, spec in enumerate(config.stages):
@@ -392,12 +521,14 @@ def build_pipeline(
         # batches sized for 64 workers would hold 128 batches
         sized = min(workers[i], 4) if isinstance(spec, PipeConfig) and spec.auto else workers[i]
         capacity = own or queue_size or queue_capacity(sized, batched=depth > 0)
-        channels.append(Channel(capacity, name=f"{i + 1}:{spec.label()} input"))
+        channels.append(new_channel(capacity, f"{i + 1}:{spec.label()} input"))
         if isinstance(spec, AggregateConfig):
             depth += 1
         elif isinstance(spec, DisaggregateConfig):
             depth = max(depth - 1, 0)
-    channels.append(Channel(config.buffer_size, name="sink"))
+    channels.append(new_channel(config.buffer_size, "sink"))
+    if queues:
+        background_tasks = [*background_tasks, queue_hooks_task(queues)]
 
     nodes: list[Node] = [SourceNode(config.source, channels[0])]
     for i, spec in enumerate(config.stages):
@@ -406,7 +537,19 @@ def build_pipeline(
         hooks: list[TaskHook] = []
         if task_hook_factory is not None:
             hooks = check_hooks(task_hook_factory(StageInfo(name, i + 1, stage_id)), name)
-        if isinstance(spec, AggregateConfig):
+        if isinstance(spec, RegionConfig):
+            options = {"num_threads": num_threads, "max_failures": max_failures}
+            node = RegionStage(name, list(spec.stages), spec.executor, options, inbox, outbox)
+            nodes.append(node)
+        elif isinstance(spec, PathVariantsConfig):
+            makers = [
+                lambda src, p=path: make_inner(PipelineConfig(src, list(p), 2))
+                for path in spec.paths
+            ]
+            node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=shared_budget)
+            shared.append(node)
+            nodes.append(node)
+        elif isinstance(spec, AggregateConfig):
             aggregator = spec.make_aggregator()
             nodes.append(AggregateStage(name, aggregator, spec.drop_last, inbox, outbox, hooks))
         elif isinstance(spec, DisaggregateConfig):

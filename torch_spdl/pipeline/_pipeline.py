@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from ._channel import EOF, Channel, ChannelAborted
@@ -42,6 +42,27 @@ class Pipeline(Generic[T]):
         self._description = description
         self._finalizer = weakref.finalize(self, runtime.shutdown)
         self._explicit = False  # started by start()/auto_stop()/get_item: stop() reports
+        # continuous (multi-epoch) mode: makes the next epoch's run; the current one ended
+        self._renew: Callable[[], Pipeline[T]] | None = None
+        self._epoch_done = False
+
+    def _continue_with(self, renew: Callable[[], Pipeline[T]]) -> None:
+        """Make this a continuous pipeline: when an epoch's stream has ended and the
+        consumer asks again, the next epoch runs as ``renew()``'s run (used by
+        ``build_pipeline`` for ``add_source(continuous=True)``)."""
+        self._renew = renew
+
+    def _next_epoch(self) -> None:
+        """The consumer asks for more after an epoch ended: run the next one."""
+        assert self._renew is not None
+        self._runtime.shutdown()
+        nxt = self._renew()
+        nxt._finalizer.detach()
+        self._finalizer.detach()
+        self._runtime, self._sink = nxt._runtime, nxt._sink
+        self._finalizer = weakref.finalize(self, self._runtime.shutdown)
+        self._epoch_done = False
+        self._runtime.start()
 
     def __repr__(self) -> str:
         return f"Pipeline({self._description})"
@@ -97,6 +118,34 @@ class Pipeline(Generic[T]):
         return self._iterate(timeout)
 
     def _iterate(self, timeout: float | None) -> Iterator[T]:
+        if self._renew is not None:
+            return self._iterate_epoch(timeout)
+        return self._iterate_all(timeout)
+
+    def _iterate_epoch(self, timeout: float | None) -> Iterator[T]:
+        """One epoch of a continuous pipeline; the pipeline runs on until ``stop()``."""
+        if self._runtime.state == "new":
+            self._runtime.start()  # not explicit: a failure is raised at the stream's end
+        elif self._epoch_done and self._runtime.state == "running":
+            self._next_epoch()
+        elif self._runtime.state == "stopped":
+            return
+        get = self._sink.get
+        while True:
+            try:
+                item = get(timeout)
+            except ChannelAborted as aborted:
+                if aborted.reason is STOPPED and self._runtime.failure is None:
+                    return
+                return self._end_failed(False)
+            if item is EOF:
+                if self._sink.close_error is not None:
+                    return self._end_failed(False)
+                self._epoch_done = True
+                return
+            yield item
+
+    def _iterate_all(self, timeout: float | None) -> Iterator[T]:
         started_here = self._runtime.state == "new"
         if started_here:
             self._runtime.start()
@@ -139,6 +188,8 @@ class Pipeline(Generic[T]):
         """
         if self._runtime.state == "new":
             self.start()
+        elif self._epoch_done and self._runtime.state == "running":
+            self._next_epoch()
         elif self._runtime.state == "stopped" and self._sink.kept:
             return self._sink.kept.popleft()  # what was buffered when stop() came
         try:
@@ -153,6 +204,9 @@ class Pipeline(Generic[T]):
                 raise EOFError(
                     "the pipeline failed: stop() raises the failure"
                 ) from self._runtime.failure
+            if self._renew is not None:
+                self._epoch_done = True
+                raise EOFError("the epoch ended (the next call starts the next one)")
             raise EOFError("the pipeline reached the end of its source")
         return item
 

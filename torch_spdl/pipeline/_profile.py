@@ -9,10 +9,13 @@ batches/s serves 320 source items/s), so the slowest row is the pipeline's bottl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import sys
 import time
-from collections.abc import AsyncIterable, Iterable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterable, Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
@@ -23,8 +26,40 @@ from ._builder import (
     PipelineBuilder,
     PipelineConfig,
 )
+from ._queues import QueuePerfStats, StatsQueue
+from ._region import PlacementConfig
 
-__all__ = ["profile_pipeline", "ProfileReport", "StageProfile"]
+__all__ = ["profile_pipeline", "ProfileHook", "ProfileReport", "ProfileResult", "StageProfile"]
+
+
+class ProfileHook(ABC):
+    """SPDL's profiling hook: code to run around the whole profile and each measurement."""
+
+    @abstractmethod
+    def stage_profile_hook(self, stage: str, concurrency: int) -> AbstractContextManager[None]:
+        """A context manager entered around one stage's run at one concurrency."""
+
+    @abstractmethod
+    def pipeline_profile_hook(self) -> AbstractContextManager[None]:
+        """A context manager entered around the whole :func:`profile_pipeline` call."""
+
+
+@dataclass
+class ProfileStats:
+    """One measurement of a stage (SPDL's per-concurrency figures)."""
+
+    concurrency: int
+    qps: float  # items per second through the stage
+    occupancy_rate: float  # the fraction of the run its output queue held items
+
+
+@dataclass
+class ProfileResult:
+    """SPDL's per-stage result: the stage's ``name`` and one :class:`ProfileStats` per
+    concurrency level tried (highest first, as SPDL lists them)."""
+
+    name: str
+    stats: Sequence[ProfileStats]
 
 
 @dataclass
@@ -38,6 +73,15 @@ class StageProfile:
     declared_concurrency: int
     rates: dict[int, float] = field(default_factory=dict)
     num_failed: int = 0
+    occupancy: dict[int, float] = field(default_factory=dict)
+
+    def result(self) -> ProfileResult:
+        """These measurements as SPDL's :class:`ProfileResult`."""
+        levels = sorted(self.rates, reverse=True)
+        return ProfileResult(
+            self.name,
+            [ProfileStats(c, self.rates[c], self.occupancy.get(c, 0.0)) for c in levels],
+        )
 
     @property
     def best_concurrency(self) -> int:
@@ -55,6 +99,20 @@ class ProfileReport:
 
     stages: list[StageProfile]
     levels: tuple[int, ...]
+
+    # SPDL's profile_pipeline returns a sequence of ProfileResult: the report is one.
+    def results(self) -> list[ProfileResult]:
+        """One SPDL :class:`ProfileResult` per stage."""
+        return [s.result() for s in self.stages]
+
+    def __len__(self) -> int:
+        return len(self.stages)
+
+    def __getitem__(self, index: int) -> ProfileResult:
+        return self.stages[index].result()
+
+    def __iter__(self) -> Iterator[ProfileResult]:
+        return iter(self.results())
 
     @property
     def bottleneck(self) -> StageProfile | None:
@@ -97,9 +155,20 @@ def _sample(source: Any, n: int) -> list[Any]:
     return asyncio.run(take())
 
 
+class _SinkStats(StatsQueue):
+    """Keeps the output queue's figures (SPDL measures occupancy there)."""
+
+    last: QueuePerfStats | None = None
+
+    async def final_stats_callback(self, stats: QueuePerfStats) -> None:
+        if self.name == "sink":
+            type(self).last = stats
+
+
 def _run_stage(
     spec: PipeConfig, inputs: list[Any], concurrency: int, num_threads: int | None
-) -> tuple[float, list[Any], int]:
+) -> tuple[float, list[Any], int, float]:
+    sink_stats = type("_Sink", (_SinkStats,), {})
     pipeline = (
         PipelineBuilder()
         .add_source(inputs)
@@ -111,23 +180,28 @@ def _run_stage(
             name=spec.label(),
         )
         .add_sink(0)
-        .build(num_threads=num_threads)
+        .build(num_threads=num_threads, queue_class=sink_stats)
     )
     t0 = time.perf_counter()
     with pipeline.auto_stop():
         outputs = list(pipeline)
     elapsed = time.perf_counter() - t0
     failed = pipeline.get_stats()[1].num_failed
-    return len(inputs) / elapsed if elapsed > 0 else float("inf"), outputs, failed
+    occupancy = sink_stats.last.occupancy_rate if sink_stats.last is not None else 0.0
+    rate = len(inputs) / elapsed if elapsed > 0 else float("inf")
+    return rate, outputs, failed, occupancy
 
 
 def profile_pipeline(
-    pipeline: PipelineBuilder[Any, Any] | PipelineConfig,
+    pipeline: Any,
+    num_inputs: int | None = None,
     *,
     num_iterations: int = 100,
     concurrency_levels: Sequence[int] = (1, 2, 4, 8),
     num_threads: int | None = None,
     file: IO[str] | None | Literal["stdout"] = "stdout",
+    callback: Callable[[ProfileResult], None] | None = None,
+    hook: ProfileHook | None = None,
 ) -> ProfileReport:
     """Profile every stage of ``pipeline`` on ``num_iterations`` items from its source.
 
@@ -135,9 +209,48 @@ def profile_pipeline(
     declared concurrency). Ops are called once per item per level, so they should be free of
     side effects. The table is written to ``file`` (default: the current ``sys.stdout``;
     ``None``: not written) and returned as a
-    :class:`ProfileReport`, whose ``bottleneck`` names the slowest stage.
+    :class:`ProfileReport`, whose ``bottleneck`` names the slowest stage. The report is
+    also SPDL's sequence of :class:`ProfileResult` (one per stage).
+
+    Args:
+        pipeline: a builder, ``get_config()``, or SPDL's ``defs.PipelineConfig``.
+        num_inputs: SPDL's name for ``num_iterations`` (wins when given).
+        num_iterations: how many source items to profile on.
+        concurrency_levels: the concurrencies to try.
+        num_threads: as in ``build``.
+        file: where to write the table.
+        callback: SPDL: called with each stage's :class:`ProfileResult` once measured.
+        hook: SPDL: a :class:`ProfileHook` entered around the whole profile and each run.
     """
-    config = pipeline.get_config() if isinstance(pipeline, PipelineBuilder) else pipeline
+    if num_inputs is not None:
+        num_iterations = num_inputs
+    if isinstance(pipeline, PipelineBuilder):
+        config = pipeline.get_config()
+    elif hasattr(pipeline, "_to_builder_config"):
+        config = pipeline._to_builder_config()
+    else:
+        config = pipeline
+    # regions are measured stage by stage, in this process
+    stages = [s for s in config.stages if not isinstance(s, PlacementConfig)]
+    config = PipelineConfig(config.source, stages, config.buffer_size)
+    around = hook.pipeline_profile_hook() if hook is not None else contextlib.nullcontext()
+    with around:
+        report = _profile(config, num_iterations, concurrency_levels, num_threads, callback, hook)
+    if file == "stdout":
+        file = sys.stdout
+    if file is not None:
+        file.write(str(report) + "\n")
+    return report
+
+
+def _profile(
+    config: PipelineConfig,
+    num_iterations: int,
+    concurrency_levels: Sequence[int],
+    num_threads: int | None,
+    callback: Callable[[ProfileResult], None] | None,
+    hook: ProfileHook | None,
+) -> ProfileReport:
     inputs = _sample(config.source, num_iterations)
     num_source = max(len(inputs), 1)
     levels = tuple(sorted(set(concurrency_levels)))
@@ -160,18 +273,22 @@ def profile_pipeline(
             profile = StageProfile(name, len(inputs), 0, scale, declared)
             outputs = []
             for level in sorted(set(levels) | {declared}):
-                rate, produced, failed = _run_stage(spec, inputs, level, num_threads)
+                around = (
+                    hook.stage_profile_hook(name, level)
+                    if hook is not None
+                    else contextlib.nullcontext()
+                )
+                with around:
+                    rate, produced, failed, occupancy = _run_stage(spec, inputs, level, num_threads)
                 profile.rates[level] = rate
+                profile.occupancy[level] = occupancy
                 if level == declared:
                     outputs, profile.num_failed = produced, failed
             profile.num_outputs = len(outputs)
             profiles.append(profile)
+        if callback is not None:
+            callback(profiles[-1].result())
         inputs = outputs
         if not inputs:
             break
-    report = ProfileReport(profiles, tuple(sorted(set(levels))))
-    if file == "stdout":
-        file = sys.stdout
-    if file is not None:
-        file.write(str(report) + "\n")
-    return report
+    return ProfileReport(profiles, tuple(sorted(set(levels))))

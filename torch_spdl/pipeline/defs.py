@@ -7,8 +7,9 @@ Code written for ``spdl.pipeline.defs`` builds a :class:`PipelineConfig` from a
 :class:`~torch_spdl.pipeline.PipelineBuilder` records (the stage configs are the same
 classes), so both ways of declaring share one validation and one build.
 
-Execution regions (``ProcessPoolExecutorConfig``, ``MAIN_PROCESS``) are not available yet:
-they raise ``NotImplementedError`` when used.
+Execution regions: a :class:`PlacementConfig` among the stages (what
+``PipelineBuilder.to`` records) with a :class:`ProcessPoolExecutorConfig` target runs the
+stages up to the next one (``MAIN_PROCESS``) in worker processes.
 """
 
 from __future__ import annotations
@@ -18,16 +19,19 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import _region
 from ._aggregate import Aggregator, Collate
 from ._builder import (
     AggregateConfig,
     DisaggregateConfig,
+    PathVariantsConfig,
     PipeConfig,
     PipelineBuilder,
     aggregate_config,
 )
 from ._builder import PipelineConfig as _BuilderConfig
 from ._failures import MaxFailures
+from ._nested import MergedSource
 
 __all__ = [
     "MAIN_PROCESS",
@@ -37,9 +41,16 @@ __all__ = [
     "Collate",
     "Disaggregate",
     "DisaggregateConfig",
+    "ExecutorConfig",
+    "InterpreterPoolExecutorConfig",
+    "Merge",
+    "MergeConfig",
+    "PathVariants",
+    "PathVariantsConfig",
     "Pipe",
     "PipeConfig",
     "PipelineConfig",
+    "PlacementConfig",
     "ProcessPoolExecutorConfig",
     "SinkConfig",
     "SourceConfig",
@@ -52,9 +63,11 @@ class SourceConfig:
 
     Args:
         source: what feeds the pipeline (see ``PipelineBuilder.add_source``).
+        continuous: iterate it again for every epoch (``add_source(continuous=True)``).
     """
 
     source: Iterable[Any] | AsyncIterable[Any]
+    continuous: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, (Iterable, AsyncIterable)):
@@ -76,7 +89,61 @@ class SinkConfig:
             raise ValueError(f"buffer_size must be a non-negative int, got {self.buffer_size!r}")
 
 
-StageDef = PipeConfig | AggregateConfig | DisaggregateConfig
+@dataclass(frozen=True)
+class MergeConfig:
+    r"""Several pipelines feeding one: the ``src`` of a :class:`PipelineConfig` (or the
+    source given to ``PipelineBuilder.add_source``). Made by :func:`Merge`.
+
+    Args:
+        pipeline_configs: the pipelines whose outputs are merged (at least one).
+        op: an async function ``op(info, input_queues, output_queue)`` (``info``: the
+            merge's ``StageInfo``, whose ``str()`` is its name) that moves items
+            from the input ``asyncio.Queue`` objects (each ends with an item for which
+            ``is_eof`` is true) to the output queue; default: every item, as they come.
+    """
+
+    pipeline_configs: tuple[Any, ...]
+    op: Any = None
+
+    def __post_init__(self) -> None:
+        if len(self.pipeline_configs) < 1:
+            raise ValueError("Merge needs at least one upstream pipeline config")
+
+    def _merged_source(self) -> MergedSource:
+        configs = [getattr(c, "_to_builder_config", lambda c=c: c)() for c in self.pipeline_configs]
+        return MergedSource(configs, self.op)
+
+
+def Merge(  # noqa: N802
+    pipeline_configs: Sequence[Any], op: Any = None
+) -> MergeConfig:
+    r"""Merge the outputs of several pipelines into one stream (see :class:`MergeConfig`).
+
+    Args:
+        pipeline_configs: the pipelines (``PipelineConfig`` objects) to merge.
+        op: a custom async merge ``op(info, input_queues, output_queue)``.
+    """
+    return MergeConfig(tuple(pipeline_configs), op)
+
+
+def PathVariants(  # noqa: N802
+    router: Any, paths: Sequence[Sequence[Any]], name: str | None = None
+) -> PathVariantsConfig:
+    """Route each item down one of several paths of stages, then join them (see
+    ``PipelineBuilder.path_variants``).
+
+    Args:
+        router: returns the index of an item's path (function or async function).
+        paths: sequences of stages (``Pipe``, ``Aggregate``, ``Disaggregate``,
+            ``PathVariants``).
+        name: the stage's name.
+    """
+    return PathVariantsConfig(router, tuple(tuple(p) for p in paths), name)
+
+
+StageDef = (
+    PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig | _region.PlacementConfig
+)
 
 
 @dataclass(frozen=True)
@@ -84,27 +151,44 @@ class PipelineConfig:
     """A whole pipeline as data: what :func:`~torch_spdl.pipeline.build_pipeline` takes.
 
     Args:
-        src: the source.
+        src: the source (:class:`SourceConfig`), or several pipelines merged
+            (:func:`Merge`).
         pipes: the stages, in order (from :func:`Pipe`, :func:`Aggregate`,
-            :func:`Disaggregate`).
+            :func:`Disaggregate`, :func:`PathVariants`).
         sink: the output buffer (default ``SinkConfig(3)``).
     """
 
-    src: SourceConfig
+    src: SourceConfig | MergeConfig
     pipes: Sequence[StageDef] = field(default_factory=list)
     sink: SinkConfig = field(default_factory=SinkConfig)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.src, SourceConfig):
-            raise TypeError(f"src must be a SourceConfig, got {self.src!r}")
+        if not isinstance(self.src, (SourceConfig, MergeConfig)):
+            raise TypeError(f"src must be a SourceConfig or a MergeConfig, got {self.src!r}")
         for stage in self.pipes:
-            if not isinstance(stage, (PipeConfig, AggregateConfig, DisaggregateConfig)):
+            if not isinstance(
+                stage,
+                (
+                    PipeConfig,
+                    AggregateConfig,
+                    DisaggregateConfig,
+                    PathVariantsConfig,
+                    _region.PlacementConfig,
+                ),
+            ):
                 raise TypeError(
-                    f"pipes must hold stages made by Pipe, Aggregate or Disaggregate, got {stage!r}"
+                    "pipes must hold stages made by Pipe, Aggregate, Disaggregate or "
+                    f"PathVariants, or PlacementConfig markers, got {stage!r}"
                 )
 
     def _to_builder_config(self) -> _BuilderConfig:
-        return _BuilderConfig(self.src.source, list(self.pipes), self.sink.buffer_size)
+        if isinstance(self.src, MergeConfig):
+            return _BuilderConfig(
+                self.src._merged_source(), list(self.pipes), self.sink.buffer_size
+            )
+        return _BuilderConfig(
+            self.src.source, list(self.pipes), self.sink.buffer_size, self.src.continuous
+        )
 
 
 def Pipe(  # noqa: N802 (SPDL's name)
@@ -158,25 +242,8 @@ def Disaggregate() -> DisaggregateConfig:  # noqa: N802
     return DisaggregateConfig()
 
 
-class _NotYet:
-    """A name SPDL code imports whose feature is not built yet: using it says so."""
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-
-    def _fail(self) -> None:
-        raise NotImplementedError(
-            f"torch_spdl.pipeline.defs.{self._name}: execution regions (running a run of "
-            "stages in worker processes) are not available yet in torch_spdl; pass "
-            "executor=ProcessPoolExecutor(...) to each pipe() instead"
-        )
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self._fail()
-
-    def __repr__(self) -> str:
-        return f"<torch_spdl.pipeline.defs.{self._name}: not available yet>"
-
-
-ProcessPoolExecutorConfig: Any = _NotYet("ProcessPoolExecutorConfig")
-MAIN_PROCESS: Any = _NotYet("MAIN_PROCESS")
+ProcessPoolExecutorConfig = _region.ProcessPoolExecutorConfig
+InterpreterPoolExecutorConfig = _region.InterpreterPoolExecutorConfig
+ExecutorConfig = _region.ExecutorConfig
+PlacementConfig = _region.PlacementConfig
+MAIN_PROCESS = _region.MAIN_PROCESS

@@ -1,0 +1,468 @@
+"""Execution regions: ``to(ProcessPoolExecutorConfig(...))`` ... ``to(MAIN_PROCESS)``.
+
+A GIL-bound op gains nothing from threads, and handing each item to a process pool
+(``pipe(op, executor=ProcessPoolExecutor(...))``) pays a round trip and two pickles per
+item *per stage*. A region instead runs a whole run of stages as one nested pipeline in
+each of ``max_workers`` worker processes: only the region's inputs and outputs cross the
+process boundary, in chunks, and the values between its stages never leave the worker.
+
+How one region runs (:class:`RegionStage`, one node of the outer pipeline):
+
+- The workers are started by ``fork`` (on Linux, unless the config names another start
+  method) when the pipeline starts, so the region's ops need not pickle: the child already
+  has them. Each worker builds the region's stages as a pipeline of its own, whose source
+  reads the chunks its pipe brings.
+- Per worker, a *feeder* thread takes the items waiting in the region's input queue (up
+  to :data:`CHUNK` at a time: the first one blocking, the rest only if already there) and
+  sends them as one pickled message; a *receiver* thread puts the worker's results, which
+  come in chunks of what its sink held, on the region's output. All feeders pull from one
+  queue, so a busy worker simply takes less. How far a feeder runs ahead of its worker is
+  bounded by the pipe's buffer (the worker reads only as its first queue has room).
+- Failures: items that fail inside a worker are logged there and counted against the
+  build's ``max_failures`` *per worker* (each worker's pipeline has its own budget); a
+  worker whose pipeline fails sends its ``PipelineFailure`` (the original exception
+  types, with notes naming the stage and the item) and the region fails the pipeline
+  with it, noted with the worker's number and pid. A worker that dies (killed, crashed)
+  is reported at once as a ``RuntimeError`` naming it and its exit code: its pipe closes,
+  so nothing waits for it.
+- Shutdown: at the end of the stream each worker receives an end mark, drains, reports
+  and exits, and is joined; ``stop()`` terminates and joins the workers still running.
+  No shared memory is used, so none can be left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+from ._channel import EMPTY, EOF, Channel, ChannelAborted
+from ._errors import PipelineFailure, describe_item
+from ._node import Node
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime
+
+__all__ = [
+    "CHUNK",
+    "MAIN_PROCESS",
+    "ExecutorConfig",
+    "InterpreterPoolExecutorConfig",
+    "PlacementConfig",
+    "ProcessPoolExecutorConfig",
+    "RegionConfig",
+    "RegionStage",
+    "fuse_regions",
+]
+
+_LG = logging.getLogger("torch_spdl.pipeline")
+
+CHUNK = 64  # most items in one message, either way
+_ITEMS, _END, _ERROR = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class ExecutorConfig:
+    """SPDL's base description of a pool of workers (a ``to()`` target).
+
+    Args:
+        max_workers: how many workers (default: the CPUs this process may use).
+        initializer: run once in each worker before it builds its pipeline.
+        initargs: the initializer's arguments.
+    """
+
+    max_workers: int | None = None
+    initializer: Callable[..., object] | None = None
+    initargs: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_workers is not None and (
+            isinstance(self.max_workers, bool)
+            or not isinstance(self.max_workers, int)
+            or self.max_workers < 1
+        ):
+            raise ValueError(f"max_workers must be a positive int, got {self.max_workers!r}")
+
+    def workers(self) -> int:
+        if self.max_workers is not None:
+            return self.max_workers
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            return os.cpu_count() or 1
+
+
+@dataclass(frozen=True)
+class ProcessPoolExecutorConfig(ExecutorConfig):
+    """Run a region of stages in worker processes: ``to(ProcessPoolExecutorConfig(...))``.
+
+    Args:
+        max_workers: how many worker processes (default: the CPUs this process may use).
+        initializer: run once in each worker before it builds its pipeline.
+        initargs: the initializer's arguments.
+        mp_context: the start method; default ``fork`` where there is one (the region's
+            ops need not pickle), else ``spawn`` (they must).
+    """
+
+    mp_context: str | None = None
+
+    def context(self) -> Any:
+        method = self.mp_context
+        if method is None:
+            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+        return mp.get_context(method)
+
+
+@dataclass(frozen=True)
+class InterpreterPoolExecutorConfig(ExecutorConfig):
+    """SPDL's subinterpreter target: not available (it needs Python 3.14)."""
+
+    def __post_init__(self) -> None:
+        raise RuntimeError(
+            "InterpreterPoolExecutorConfig needs subinterpreters (Python 3.14), which "
+            "torch_spdl does not use; use ProcessPoolExecutorConfig"
+        )
+
+
+class _MainProcess:
+    """The ``to()`` target that ends a region (use :data:`MAIN_PROCESS`)."""
+
+    _instance: _MainProcess | None = None
+
+    def __new__(cls) -> _MainProcess:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "MAIN_PROCESS"
+
+    def __reduce__(self) -> str:
+        return "MAIN_PROCESS"
+
+
+MAIN_PROCESS = _MainProcess()
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """A ``to(target)`` marker among the stages: the stages after it run on ``target``."""
+
+    target: ProcessPoolExecutorConfig | _MainProcess
+    name: str = "placement"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, (ProcessPoolExecutorConfig, _MainProcess)):
+            raise TypeError(
+                f"to() takes a ProcessPoolExecutorConfig or MAIN_PROCESS, got {self.target!r}"
+            )
+
+    def label(self) -> str:
+        return f"to({self.target!r})"
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    """The stages of one region, fused at build time into one :class:`RegionStage`."""
+
+    stages: tuple[Any, ...]
+    executor: ProcessPoolExecutorConfig
+
+    def label(self) -> str:
+        inner = ", ".join(s.label() for s in self.stages)
+        return f"processes[{self.executor.workers()}]({inner})"
+
+
+def fuse_regions(stages: Sequence[Any]) -> list[Any]:
+    """Replace each ``to(pool)`` ... ``to(MAIN_PROCESS)`` run by one :class:`RegionConfig`
+    (a region left open runs to the end); drop the markers."""
+    out: list[Any] = []
+    region: list[Any] | None = None
+    target: ProcessPoolExecutorConfig | None = None
+
+    def close() -> None:
+        if region is not None:
+            if not region:
+                raise ValueError(f"to({target!r}) is followed by no stage before the next to()")
+            assert target is not None
+            out.append(RegionConfig(tuple(region), target))
+
+    for stage in stages:
+        if isinstance(stage, PlacementConfig):
+            close()
+            if isinstance(stage.target, _MainProcess):
+                region, target = None, None
+            else:
+                region, target = [], stage.target
+            continue
+        if region is None:
+            out.append(stage)
+            continue
+        if getattr(stage, "executor", None) is not None:
+            raise ValueError(
+                f"stage {stage.label()!r} is in a to() region, which runs in worker "
+                "processes: it takes no executor"
+            )
+        region.append(stage)
+    close()
+    return out
+
+
+# -- the worker process ------------------------------------------------------------------
+class _PipeSource:
+    """The source of a worker's pipeline: the items of the chunks its pipe brings."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            try:
+                chunk = pickle.loads(self.conn.recv_bytes())
+            except EOFError:  # the parent is gone or stopping
+                return
+            if chunk is None:  # the end of the region's input
+                return
+            yield from chunk
+
+
+def _send(conn: Connection, message: Any) -> None:
+    conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+
+
+def _portable_error(exc: BaseException) -> BaseException:
+    """``exc`` if it pickles, else a RuntimeError carrying its type and traceback."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        text = "".join(traceback.format_exception(exc))
+        return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}\n{text}")
+
+
+def _worker_main(
+    index: int,
+    stages: list[Any],
+    options: dict[str, Any],
+    config: ProcessPoolExecutorConfig,
+    inbox: Connection,
+    outbox: Connection,
+) -> None:
+    """Run the region's stages as a pipeline in this worker process."""
+    code = 0
+    more: Any = None
+    try:
+        from ._builder import PipelineConfig, build_pipeline  # (the builder imports us)
+
+        if config.initializer is not None:
+            config.initializer(*config.initargs)
+        pipeline = build_pipeline(PipelineConfig(_PipeSource(inbox), stages, 0), **options)
+        sink = pipeline._sink
+        pipeline.start()
+        try:
+            while True:
+                item = sink.get()
+                if item is EOF:
+                    break
+                chunk = [item]
+                while len(chunk) < CHUNK and (more := sink.get_nowait()) is not EMPTY:
+                    if more is EOF:
+                        break
+                    chunk.append(more)
+                _send(outbox, (_ITEMS, chunk))
+                if more is EOF:
+                    break
+        except ChannelAborted:
+            pass
+        failed = sum(s.num_failed for s in pipeline.get_stats())
+        pipeline.stop()  # raises the pipeline's failure
+        _send(outbox, (_END, failed))
+    except (BrokenPipeError, EOFError):  # the parent is gone: nobody to tell
+        code = 1
+    except BaseException as exc:
+        code = 1
+        try:
+            _send(outbox, (_ERROR, _portable_error(exc)))
+        except Exception:
+            pass
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)  # never run the parent's exit handlers in a forked child
+
+
+# -- the parent's side -------------------------------------------------------------------
+class _Worker:
+    def __init__(self, index: int, process: Any, to_worker: Connection, results: Connection):
+        self.index = index
+        self.process = process
+        self.to_worker = to_worker
+        self.results = results
+
+    def describe(self) -> str:
+        return f"region worker {self.index} (pid {self.process.pid})"
+
+
+class RegionStage(Node):
+    """The stages of one ``to()`` region, run in worker processes (see the module notes)."""
+
+    def __init__(
+        self,
+        name: str,
+        stages: list[Any],
+        config: ProcessPoolExecutorConfig,
+        options: dict[str, Any],
+        inbox: Channel[Any],
+        outbox: Channel[Any],
+    ) -> None:
+        self.num = config.workers()
+        super().__init__(name, inbox, outbox, workers=2 * self.num)
+        self.stages = stages
+        self.config = config
+        self.options = options
+        self._workers: list[_Worker] = []
+        self._stopping = False
+        self._failed_inside = 0
+
+    @property
+    def concurrency(self) -> int:
+        return self.num
+
+    def launch(self, runtime: Runtime) -> None:
+        ctx = self.config.context()
+        for i in range(self.num):
+            to_worker_r, to_worker_w = ctx.Pipe(duplex=False)
+            results_r, results_w = ctx.Pipe(duplex=False)
+            process = ctx.Process(
+                target=_worker_main,
+                args=(i, self.stages, self.options, self.config, to_worker_r, results_w),
+                name=f"torch_spdl-region-{i}",
+                daemon=True,
+            )
+            process.start()
+            to_worker_r.close()
+            results_w.close()
+            worker = _Worker(i, process, to_worker_w, results_r)
+            self._workers.append(worker)
+            runtime.spawn_thread(partial(self._feed, worker), f"torch_spdl-{self.name}-feed{i}")
+            runtime.spawn_thread(partial(self._receive, worker), f"torch_spdl-{self.name}-recv{i}")
+
+    def _finish(self) -> None:
+        if self.leave():
+            self.outbox.close(self.end_error())
+
+    def _feed(self, worker: _Worker) -> None:
+        counters = self.new_counters()
+        get, get_nowait = self.inbox.get, self.inbox.get_nowait  # type: ignore[union-attr]
+        conn = worker.to_worker
+        try:
+            while (item := get()) is not EOF:
+                chunk = [item]
+                while len(chunk) < CHUNK:
+                    more = get_nowait()
+                    if more is EMPTY:
+                        break
+                    if more is EOF:
+                        item = EOF
+                        break
+                    chunk.append(more)
+                conn.send_bytes(self._pickled(chunk))
+                counters.num_in += len(chunk)
+                if item is EOF:
+                    break
+            conn.send_bytes(pickle.dumps(None))  # the end of the input: drain and report
+        except (ChannelAborted, BrokenPipeError, OSError):
+            pass  # stopping, or the worker died (its receiver reports that)
+        except TypeError as exc:  # an item that cannot be pickled
+            self.fail(exc)
+        except BaseException as exc:
+            self.crash(exc)
+        finally:
+            conn.close()
+            self._finish()
+
+    def _pickled(self, chunk: list[Any]) -> bytes:
+        try:
+            return pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            for item in chunk:  # name the item that cannot cross
+                try:
+                    pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
+                except Exception:
+                    raise TypeError(
+                        f"stage {self.name!r} runs in worker processes, and item "
+                        f"{describe_item(item)} cannot be pickled to reach them: {exc}"
+                    ) from exc
+            raise
+
+    def _receive(self, worker: _Worker) -> None:
+        counters = self.new_counters()
+        put = self.outbox.put
+        try:
+            while True:
+                try:
+                    tag, payload = pickle.loads(worker.results.recv_bytes())
+                except (EOFError, OSError):
+                    if not self._stopping:
+                        self._died(worker)
+                    return
+                if tag == _ITEMS:
+                    for item in payload:
+                        put(item)
+                    counters.num_out += len(payload)
+                elif tag == _END:
+                    with self._lock:
+                        self._num_failed += payload
+                    worker.process.join(timeout=30)
+                    return
+                else:
+                    if isinstance(payload, PipelineFailure) and len(payload.exceptions) == 1:
+                        payload = payload.exceptions[0]  # the stage's error, with its notes
+                    payload.add_note(f"torch_spdl: raised in {worker.describe()} of {self.name!r}")
+                    self.fail(payload)
+                    return
+        except ChannelAborted:
+            pass
+        except BaseException as exc:
+            self.crash(exc)
+        finally:
+            worker.results.close()
+            self._finish()
+
+    def _died(self, worker: _Worker) -> None:
+        process = worker.process
+        process.join(timeout=5)
+        error = RuntimeError(
+            f"{worker.describe()} of stage {self.name!r} exited unexpectedly with code "
+            f"{process.exitcode}; the items it held are lost"
+        )
+        self.fail(error)
+
+    def on_stop(self) -> None:
+        self._stopping = True
+        for worker in self._workers:
+            if worker.process.is_alive():
+                worker.process.terminate()
+        for worker in self._workers:
+            worker.process.join(timeout=5)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+
+    def unblock_workers(self) -> None:
+        # a region that failed stops its workers now: their feeders and receivers then
+        # see closed pipes and leave, and no process outlives the failure
+        self._stopping = True
+        for worker in self._workers:
+            if worker.process.is_alive():
+                worker.process.terminate()
