@@ -515,6 +515,9 @@ class EpochIterator:
         self._gate = None
         self._record_tuning()
         self._stop_pipeline()  # every thread of the probing pipeline is joined: fork-safe
+        # Its collate buffers must be gone before worker processes fork (they would inherit
+        # them); a pipeline never started stands in until the next one is built.
+        self._pipeline = PipelineBuilder().add_source(()).add_sink(1).build()
         rest: Iterator[tuple[int, list[Any]]] = iter(sorted(gate.deferred))
         if gate.next_batch is not None:
             rest = itertools.chain(rest, self._batches(gate.next_batch))
