@@ -386,3 +386,38 @@ def test_a_kept_batch_stays_intact_while_later_batches_load(
     del loader
     assert_same_batches(kept, ref)  # still valid once the workers are gone
     del kept, sparse, again
+
+
+class PidStream(torch.utils.data.IterableDataset):
+    """Each worker's share of ``range(n)``, each sample tagged with the reading process."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        info = torch.utils.data.get_worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        for i in range(start, self.n, step):
+            yield torch.tensor([i, os.getpid()])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_iterable_dataset_in_worker_processes(persistent: bool, nothing_left: None) -> None:
+    """``worker_type="process"`` reads an ``IterableDataset`` in worker processes, as
+    torch does; every batch may be kept (more than the loader has arenas)."""
+    loader: Any = DataLoader(
+        PidStream(90),
+        batch_size=2,
+        num_workers=2,
+        worker_type="process",
+        persistent_workers=persistent,
+    )
+    ref = [b[:, 0] for b in TorchDataLoader(PidStream(90), batch_size=2, num_workers=2)]
+    for _ in range(2):
+        kept = list(loader)
+        assert_same_batches([b[:, 0] for b in kept], ref)
+        pids = {int(p) for b in kept for p in b[:, 1]}
+        assert len(pids) == 2 and os.getpid() not in pids
+    if persistent:
+        loader.shutdown()
+    del loader, kept

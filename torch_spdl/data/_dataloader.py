@@ -21,6 +21,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
+from torch.utils.data import IterableDataset
 
 from ._collate import RecyclingCollate
 from ._epoch import EpochIterator, set_rng_state, stage_fns
@@ -228,6 +229,11 @@ class DataLoader(_TorchDataLoader[_T_co]):
             in_flight=self.prefetch_factor or 2,
             mp_context=self.multiprocessing_context,
             stage_fns=stage_fns,
+            iterable=(
+                (self.batch_size if self._auto_collation else None, self.drop_last)
+                if isinstance(self.dataset, IterableDataset)
+                else None
+            ),
         )
 
     def _persistent_process_workers(self, base_seed: int, split: int) -> ProcessWorkers | None:

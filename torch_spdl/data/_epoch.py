@@ -22,6 +22,7 @@ from ._batch_stages import (
     receive_from_workers,
 )
 from ._collate import is_default_collate
+from ._iterable_processes import process_batches
 from ._iterable_workers import IterableWorkers
 from ._process_workers import ProcessWorkers
 from ._sampling import index_batches
@@ -174,6 +175,13 @@ class EpochIterator:
                 per_batch = loader.batch_size if loader._auto_collation else 1
                 samples = itertools.islice(samples, self._watermark * per_batch, None)
             return samples
+        if loader.worker_type == "process":
+            workers = loader._persistent_process_workers(self._base_seed, -1)
+            if workers is None:
+                workers = self._workers = loader._make_process_workers(self._base_seed)
+            self._loading = workers
+            batches = process_batches(workers, loader.prefetch_factor or 2, loader.in_order)
+            return itertools.islice(batches, self._watermark, None)
         self._iterable = IterableWorkers(
             loader.dataset,
             self._thread_group(loader.num_workers),
@@ -213,6 +221,8 @@ class EpochIterator:
         loader = self._loader
         cc = loader.collate_concurrency
         builder = PipelineBuilder().add_source(source)
+        if self._loading is not None:  # worker processes collated them
+            return self._finish(builder)
         if loader._auto_collation and self._group is None:  # workers make their batches
             builder.aggregate(loader.batch_size, drop_last=loader.drop_last)
         builder.pipe(

@@ -14,9 +14,10 @@ from typing import Any
 
 from ._worker import hidden_worker_info
 
-__all__ = ["Fetched", "fetch_batch"]
+__all__ = ["Fetched", "IterableFetcher", "fetch_batch"]
 
 _WHO = "torch_spdl.DataLoader"
+_ENDED: Any = object()
 
 
 class Fetched:
@@ -82,3 +83,71 @@ def fetch_batch(
     except Exception as exc:
         exc.add_note(f"{_WHO}: stage 'collate' failed on the batch of indices {indices!r}")
         return Fetched(samples=[], errors=[(-1, indices, exc)])
+
+
+class IterableFetcher:
+    """The next batch of an ``IterableDataset``'s copy, in a worker process, as torch's
+    worker makes it: ``batch_size`` samples collated (``None``: each sample on its own,
+    through ``collate_fn``), the last short batch dropped with ``drop_last``.
+
+    A new ``epoch`` starts a fresh iterator. An error raised by the iterator fails that
+    batch (the samples drawn for it before are lost, as under torch) and the next call goes
+    on with the same iterator."""
+
+    def __init__(
+        self,
+        dataset: Any,
+        batch_size: int | None,
+        drop_last: bool,
+        collate_fn: Callable[[Any], Any],
+        auto_collation: bool,
+    ) -> None:
+        self._dataset = dataset
+        self._batch_size = batch_size
+        self._drop_last = drop_last
+        self._collate_fn = collate_fn
+        self._auto_collation = auto_collation
+        self._epoch: Any = None
+        self._samples: Any = None
+        self._ended = False
+
+    def next(self, epoch: Any) -> Fetched | None:
+        """The next batch of ``epoch``; None once the iterator has ended."""
+        if epoch != self._epoch:
+            self._epoch, self._samples, self._ended = epoch, None, False
+        if self._ended:
+            return None
+        try:
+            if self._samples is None:
+                self._samples = iter(self._dataset)
+            samples = self._draw()
+        except Exception as exc:
+            exc.add_note(f"{_WHO}: the IterableDataset's iterator failed")
+            return Fetched(samples=[], errors=[(-1, None, exc)])
+        if samples is _ENDED:
+            return None
+        try:
+            with hidden_worker_info():
+                return Fetched(batch=self._collate_fn(samples))
+        except Exception as exc:
+            exc.add_note(f"{_WHO}: stage 'collate' failed on a batch of the IterableDataset")
+            return Fetched(samples=[], errors=[(-1, None, exc)])
+
+    def _draw(self) -> Any:
+        if not self._auto_collation:
+            try:
+                return next(self._samples)
+            except StopIteration:
+                self._ended = True
+                return _ENDED
+        assert self._batch_size is not None
+        batch: list[Any] = []
+        try:
+            while len(batch) < self._batch_size:
+                batch.append(next(self._samples))
+        except StopIteration:
+            self._ended = True
+        if not batch or (self._drop_last and len(batch) < self._batch_size):
+            self._ended = True
+            return _ENDED
+        return batch

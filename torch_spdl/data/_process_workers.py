@@ -31,6 +31,7 @@ batches it held with an error that names it, instead of leaving the loader waiti
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import multiprocessing as mp
 import os
@@ -43,7 +44,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ._fetch import Fetched, fetch_batch
+from ._fetch import Fetched, IterableFetcher, fetch_batch
 from ._leases import NO_ARENA, Leases
 from ._libc import return_large_blocks, trim
 from ._shared_batch import Arena, dump_batch, load_batch
@@ -54,6 +55,8 @@ __all__ = ["ProcessWorkers", "WorkerFailure"]
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
 _WATCHDOG_S = 5.0  # how often an idle worker checks that the loader's process still lives
 _HELD_BATCHES = 2  # arenas beyond the bound for the batches the training loop holds
+ITERATE = -2
+"""The ``split`` of a task that asks an iterable dataset's worker for its next batch."""
 
 
 class WorkerFailure(RuntimeError):
@@ -107,6 +110,7 @@ class ProcessWorkers:
         in_flight: int,
         mp_context: Any = None,
         stage_fns: Callable[[Any, int], Sequence[Callable[[Any], Any]]] | None = None,
+        iterable: tuple[int | None, bool] | None = None,
     ) -> None:
         ctx = mp_context
         if ctx is None or isinstance(ctx, str):
@@ -114,7 +118,7 @@ class ProcessWorkers:
         shared = ctx.get_start_method() == "fork"
         self.num_workers = num_workers
         self._workers = [_Worker(i) for i in range(num_workers)]
-        self._pending: dict[int, tuple[Future[Fetched], _Worker, int]] = {}
+        self._pending: dict[int, tuple[Future[Fetched | None], _Worker, int]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._discarded: dict[int, int] = {}  # task -> arena, of batches no one waits for
@@ -125,7 +129,15 @@ class ProcessWorkers:
         self._leases = Leases(in_flight * num_workers, _HELD_BATCHES, num_workers, cool)
         self._closed = False
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
-        config = (dataset, num_workers, base_seed, worker_init_fn, collate_fn, auto_collation)
+        config = (
+            dataset,
+            num_workers,
+            base_seed,
+            worker_init_fn,
+            collate_fn,
+            auto_collation,
+            iterable,
+        )
         trim()  # what this process holds, every worker inherits
         for w in self._workers:
             # Every pipe end but this worker's own two (its parent's end of its task pipe
@@ -157,20 +169,24 @@ class ProcessWorkers:
         return [w.process.pid for w in self._workers]
 
     # -- the loader's side ----------------------------------------------------------------
-    def submit(self, b: int, values: list[Any], split: int, indices: list[Any]) -> Future[Fetched]:
-        """Send batch ``b`` to worker ``b % num_workers`` once it has a free arena.
+    def submit(
+        self, b: int, values: Any, split: int, indices: list[Any], wid: int | None = None
+    ) -> Future[Fetched | None]:
+        """Send batch ``b`` to worker ``b % num_workers`` (or ``wid``) once an arena is free.
 
         Call it from one thread, in batch order: each worker runs its batches in the order
         they were sent, which keeps its random draws equal to those under torch.
         ``values`` are the batch's indices (``split == -1``: ``__getitem__``) or the values
-        the first ``split`` stages made on threads; ``indices`` name failed samples."""
-        worker = self._workers[b % self.num_workers]
+        the first ``split`` stages made on threads; ``indices`` name failed samples. With
+        ``split == ITERATE`` the worker makes its iterable dataset's next batch of epoch
+        ``values`` (the future's result is None once that has ended)."""
+        worker = self._workers[b % self.num_workers if wid is None else wid]
         if worker.dead is not None:
             raise worker.dead
         slot = self._leases.take(b) if self._arenas is not None else NO_ARENA
         if slot is None:
             raise _closed()
-        future: Future[Fetched] = Future()
+        future: Future[Fetched | None] = Future()
         with self._lock:
             if self._closed:
                 raise _closed()
@@ -287,7 +303,10 @@ class ProcessWorkers:
         if slot != NO_ARENA:
             self._leases.release(slot)
 
-    def _outcome(self, worker: _Worker, message: Any, slot: int) -> Fetched:
+    def _outcome(self, worker: _Worker, message: Any, slot: int) -> Fetched | None:
+        if message[0] == "end":  # an iterable dataset's worker has no more batches
+            self._release(slot)
+            return None
         kind, _, _, data, size, used = message[:6]
         arena = self._arenas[slot] if self._arenas is not None and slot != NO_ARENA else None
         release: Callable[[], None] = _nothing
@@ -375,9 +394,12 @@ def _worker_main(
 ) -> None:
     for conn in others:
         conn.close()
+    # The parent's objects are never collected here: no finalizer of theirs runs in the
+    # child, and no collection writes to (and so copies) the pages they share with it.
+    gc.freeze()
     return_large_blocks()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
-    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation = config
+    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable = config
     try:
         set_process_worker_info(wid, num_workers, base_seed, dataset)
         if init_fn is not None:
@@ -386,6 +408,7 @@ def _worker_main(
         results.send(("init_error", *_pack_error(exc)))
         os._exit(1)
     steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
+    fetcher: IterableFetcher | None = None
     parent = os.getppid()
     while True:
         try:
@@ -398,9 +421,19 @@ def _worker_main(
         if task is None:
             break
         task_id, slot, values, split, indices = task
+        arena = arenas[slot] if arenas is not None and slot != NO_ARENA else None
+        if split == ITERATE:
+            if fetcher is None:
+                assert iterable is not None, "an iterable task for a map-style worker"
+                fetcher = IterableFetcher(dataset, *iterable, collate_fn, auto_collation)
+            fetched = fetcher.next(values)
+            if fetched is None:
+                results.send(("end", task_id, slot))
+            else:
+                results.send(_pack(fetched, task_id, slot, arena))
+            continue
         if split not in steps_cache and split >= 0 and stage_fns is not None:
             steps_cache[split] = stage_fns(dataset, split)
-        arena = arenas[slot] if arenas is not None and slot != NO_ARENA else None
         steps = steps_cache.get(split) if split >= 0 else None
         results.send(
             _load(
@@ -430,6 +463,10 @@ def _load(
     arena: Arena | None,
 ) -> tuple[Any, ...]:
     fetched = fetch_batch(dataset, values, indices, steps, collate_fn, auto_collation)
+    return _pack(fetched, task_id, slot, arena)
+
+
+def _pack(fetched: Fetched, task_id: int, slot: int, arena: Arena | None) -> tuple[Any, ...]:
     if fetched.errors is None:
         return ("ok", task_id, slot, *dump_batch(fetched.batch, arena))
     errors = [(pos, index, *_pack_error(exc)) for pos, index, exc in fetched.errors]

@@ -1,0 +1,84 @@
+"""An ``IterableDataset`` read by worker processes, in torch's order.
+
+As under torch, each worker process holds its own copy of the dataset (inherited by the
+fork) with its worker information set, so that the dataset can shard itself; it draws its
+own batches, collates them itself and hands them back through shared memory
+(:mod:`._process_workers`). Here the loader asks each worker for a batch at a time, keeping
+``prefetch`` requests outstanding per worker, and takes the answers round-robin across the
+workers, skipping a worker once its iterator has ended (``in_order=True``, torch's order),
+or as they come (``in_order=False``).
+
+An error raised by a worker's iterator takes that batch's place in the order, as under
+torch, and the worker goes on with its iterator. A worker that dies ends the epoch with an
+error naming it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any
+
+from ._fetch import Fetched
+from ._process_workers import ITERATE, ProcessWorkers
+from ._stages import BatchError
+
+__all__ = ["process_batches"]
+
+_epochs = itertools.count()
+
+
+def process_batches(workers: ProcessWorkers, prefetch: int, in_order: bool) -> Iterator[Any]:
+    """This epoch's batches from ``workers`` (errors as ``BatchError`` items)."""
+    epoch = next(_epochs)  # a fresh iterator in each worker (persistent ones included)
+    keys = itertools.count()
+    pending: dict[int, deque[tuple[int, Future[Fetched | None]]]] = {}
+
+    def ask(wid: int) -> None:
+        key = -1 - next(keys)  # the arena's lease key (map-style batch numbers are >= 0)
+        pending[wid].append((key, workers.submit(key, epoch, ITERATE, [], wid=wid)))
+
+    # What is still pending when the epoch ends, the epoch cancels (``cancel_pending``).
+    for wid in range(workers.num_workers):
+        pending[wid] = deque()
+        for _ in range(prefetch):
+            ask(wid)
+    active = list(range(workers.num_workers))
+    turn = 0
+    while active:
+        if in_order:
+            turn %= len(active)
+            wid = active[turn]
+        else:
+            heads = {pending[w][0][1]: w for w in active}
+            done, _ = wait(heads, return_when=FIRST_COMPLETED)
+            wid = heads[next(iter(done))]
+        key, future = pending[wid].popleft()
+        item = _result(future)
+        if item is None:  # this worker's iterator has ended
+            active.remove(wid)
+            continue
+        turn += 1
+        # Counted as the training loop's from here (batches waiting in the pipeline too),
+        # before asking for the next: this thread both asks and hands batches on, so with
+        # every arena held by a loop that keeps its batches, the next one goes by copy
+        # instead of waiting for an arena that only the next batch would free.
+        workers.delivered(key)
+        ask(wid)
+        yield item
+        if isinstance(item, BatchError) and item.fatal:
+            return
+
+
+def _result(future: Future[Fetched | None]) -> Any:
+    try:
+        fetched = future.result()
+    except Exception as exc:  # the worker died, or the loader stopped
+        return BatchError(exc.with_traceback(None), fatal=True)
+    if fetched is None:
+        return None
+    if fetched.errors is not None:
+        return BatchError(fetched.errors[0][2])
+    return fetched.batch
