@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import sys
 import time
-from collections.abc import AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
@@ -98,7 +98,11 @@ def _sample(source: Any, n: int) -> list[Any]:
 
 
 def _run_stage(
-    spec: PipeConfig, inputs: list[Any], concurrency: int, num_threads: int | None
+    spec: PipeConfig,
+    inputs: list[Any],
+    concurrency: int,
+    num_threads: int | None,
+    clock: Callable[[], float],
 ) -> tuple[float, list[Any], int]:
     pipeline = (
         PipelineBuilder()
@@ -113,10 +117,10 @@ def _run_stage(
         .add_sink(0)
         .build(num_threads=num_threads)
     )
-    t0 = time.perf_counter()
+    t0 = clock()
     with pipeline.auto_stop():
         outputs = list(pipeline)
-    elapsed = time.perf_counter() - t0
+    elapsed = clock() - t0
     failed = pipeline.get_stats()[1].num_failed
     return len(inputs) / elapsed if elapsed > 0 else float("inf"), outputs, failed
 
@@ -128,14 +132,26 @@ def profile_pipeline(
     concurrency_levels: Sequence[int] = (1, 2, 4, 8),
     num_threads: int | None = None,
     file: IO[str] | None | Literal["stdout"] = "stdout",
+    clock: Callable[[], float] = time.perf_counter,
 ) -> ProfileReport:
     """Profile every stage of ``pipeline`` on ``num_iterations`` items from its source.
 
     Each ``pipe`` stage runs alone at each level of ``concurrency_levels`` (and at its
     declared concurrency). Ops are called once per item per level, so they should be free of
-    side effects. The table is written to ``file`` (default: the current ``sys.stdout``;
-    ``None``: not written) and returned as a
+    side effects. The table is written to ``file`` and returned as a
     :class:`ProfileReport`, whose ``bottleneck`` names the slowest stage.
+
+    Args:
+        pipeline: The builder or its config; its source is sampled once.
+        num_iterations: How many source items to sample and push through each stage.
+        concurrency_levels: The concurrency levels every ``pipe`` stage is measured at.
+        num_threads: The thread pool size of each measuring pipeline (default: the
+            engine's).
+        file: Where the table goes: the current ``sys.stdout`` by default, ``None`` for
+            nowhere.
+        clock: Seconds, read before and after each measured run (default
+            ``time.perf_counter``); a test can pass a clock its ops advance, so that the
+            rates do not depend on how loaded the machine is.
     """
     config = pipeline.get_config() if isinstance(pipeline, PipelineBuilder) else pipeline
     inputs = _sample(config.source, num_iterations)
@@ -160,7 +176,7 @@ def profile_pipeline(
             profile = StageProfile(name, len(inputs), 0, scale, declared)
             outputs = []
             for level in sorted(set(levels) | {declared}):
-                rate, produced, failed = _run_stage(spec, inputs, level, num_threads)
+                rate, produced, failed = _run_stage(spec, inputs, level, num_threads, clock)
                 profile.rates[level] = rate
                 if level == declared:
                     outputs, profile.num_failed = produced, failed
