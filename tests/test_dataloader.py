@@ -40,9 +40,9 @@ from torch.utils.data import (
     SequentialSampler,
     SubsetRandomSampler,
     WeightedRandomSampler,
+    default_collate,
 )
 from torch.utils.data import DataLoader as TorchDataLoader
-from torch.utils.data._utils.collate import default_collate
 from torch.utils.data.distributed import DistributedSampler
 
 from torch_spdl import DataLoader, Stage, StagedDataset, get_worker_info
