@@ -574,6 +574,26 @@ def test_async_op_rejects_an_executor():
         PipelineBuilder().add_source(range(3)).pipe(_adouble, executor=executor)
 
 
+def test_to_thread_in_an_async_op_runs_on_threads_the_pipeline_joins():
+    """``asyncio.to_thread`` (what torch_spdl.io's async functions use) runs on the loop's
+    default executor: the pipeline's own, whose threads are gone once it stops."""
+    names = []
+
+    def work(x: int) -> int:
+        names.append(threading.current_thread().name)
+        return x
+
+    async def op(x: int) -> int:
+        return await asyncio.to_thread(work, x)
+
+    pipeline = PipelineBuilder().add_source(range(8)).pipe(op, concurrency=4).add_sink(2).build()
+    with pipeline.auto_stop():
+        assert sorted(pipeline) == list(range(8))
+    assert len(names) == 8
+    assert all(name.startswith("torch_spdl_async") for name in names), names
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("torch_spdl_async")]
+
+
 # ---------------------------------------------------------------------------------------
 # builds, sources
 # ---------------------------------------------------------------------------------------
