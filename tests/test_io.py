@@ -205,6 +205,21 @@ def test_buffer_pool_reuses_a_batch_only_once_nothing_sees_it(jpeg: bytes, png: 
         tio.BufferPool(0)
 
 
+def test_buffer_pool_sees_views_of_views_and_tensors() -> None:
+    pool = tio.BufferPool(max_buffers=1)
+    a = pool.take((4, 6), np.uint8)
+    assert a is not None
+    view = a[1:][:, ::2].T  # a view of a view of a view
+    del a
+    assert pool.take((4, 6), np.uint8) is None  # still seen through the view: in use
+    tensor = tio.to_torch(view)
+    del view
+    assert pool.take((4, 6), np.uint8) is None  # the tensor still sees it
+    del tensor
+    assert pool.take((4, 6), np.uint8) is not None  # nothing does: free again
+    assert len(pool) == 1
+
+
 def test_to_torch_shares_memory(jpeg: bytes) -> None:
     buffer = tio.load_image_batch([jpeg, jpeg], width=32, height=32)
     tensor = tio.to_torch(buffer)
