@@ -1,4 +1,4 @@
-"""The migration tool (``torch-spdl migrate``): the before/after cases in migration/cases,
+"""The migration tool (``torch-spdl migrate``): the before/after cases in tests/migration_cases,
 the split rules, the command line and bad input."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_tool_produces_the_committed_after(case: str) -> None:
     result = migrate_source(before, f"{case}/before.py")
     assert result.status == "changed", result.error
     assert result.migrated == (CASES / case / "after.py").read_text(), (
-        "after.py is stale: regenerate it (see migration/README.md)"
+        "after.py is stale: regenerate it (see docs/migration.md, Regenerating)"
     )
     expected = EXPECTED[case]
     assert result.splits() == {k: v for k, v in expected.items() if v is not None}
