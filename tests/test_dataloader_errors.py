@@ -215,7 +215,7 @@ def test_timeout_is_honoured() -> None:
             return 2
 
         def __getitem__(self, i: int) -> int:
-            release.wait(1.0)  # bounded, so that a loader ignoring timeout still ends
+            release.wait(WAIT)  # bounded only so that a loader ignoring timeout still ends
             return i
 
     loader = DataLoader(Stuck(), num_workers=2, timeout=0.2)
