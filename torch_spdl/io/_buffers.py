@@ -10,10 +10,10 @@ How the pool knows, without counting references (CPython does not promise how ma
 holds itself): each ``take`` hands out a fresh array whose base is a small lease object
 over the pooled memory, not an array. NumPy collapses a view's base only through arrays,
 so every view made from the handed-out array keeps that array, and so the lease, alive;
-``torch.from_numpy`` keeps the array alive for as long as any tensor made from it lives. A
-``weakref.finalize`` on the lease therefore runs exactly when the last of them is gone, and
-marks the buffer free. (The lease also keeps the memory itself alive, should the pool go
-first.)
+``torch.from_numpy`` keeps the array alive for as long as any tensor made from it lives.
+The callback of a weak reference to the lease therefore runs exactly when the last of them
+is gone, and marks the buffer free. (The lease also keeps the memory itself alive, should
+the pool go first.)
 """
 
 from __future__ import annotations
@@ -71,18 +71,23 @@ class BufferPool:
 class _Slot:
     """One pooled buffer, and whether everything made from its last hand-out is gone."""
 
-    __slots__ = ("memory", "free")
+    __slots__ = ("memory", "free", "_lease")
 
     def __init__(self, memory: np.ndarray) -> None:
         self.memory = memory
         self.free = True
+        self._lease: weakref.ref[_Lease] | None = None
 
     def hand_out(self) -> np.ndarray:
         lease = _Lease(self.memory)
-        # The release is a plain attribute store, no lock: the finalizer may run inside
-        # take() (a garbage collection there) without deadlocking on the pool's lock.
-        weakref.finalize(lease, _release, self).atexit = False
+        # The callback runs when the lease is collected. It is a plain attribute store, no
+        # lock: it may run inside take() (a garbage collection there) without deadlocking on
+        # the pool's lock.
+        self._lease = weakref.ref(lease, self._release)
         return np.asarray(lease)
+
+    def _release(self, _: weakref.ref[_Lease]) -> None:
+        self.free = True
 
 
 class _Lease:
@@ -94,10 +99,6 @@ class _Lease:
     def __init__(self, memory: np.ndarray) -> None:
         self.memory = memory
         self.__array_interface__ = memory.__array_interface__
-
-
-def _release(slot: _Slot) -> None:
-    slot.free = True
 
 
 def _allocate(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
