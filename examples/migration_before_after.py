@@ -3,7 +3,7 @@
     .venv/bin/python examples/migration_before_after.py --quick
     .venv/bin/python examples/migration_before_after.py --case http_download
 
-Copies ``migration/cases/<case>/before.py`` into a temporary directory, makes the case's
+Copies ``tests/migration_cases/<case>/before.py`` into a temporary directory, makes the case's
 data there, runs ``python -m torch_spdl migrate`` on it (a dry run: the diff and the
 report), then ``--write``; imports both versions, loads every batch through torch's
 DataLoader (original) and torch_spdl's (migrated), and checks they are identical. Exits
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-CASES = Path(__file__).resolve().parent.parent / "migration" / "cases"
+CASES = Path(__file__).resolve().parent.parent / "tests" / "migration_cases"
 
 
 def load(path: Path, name: str) -> ModuleType:
@@ -58,7 +58,7 @@ def epochs(loader: Any, n: int) -> tuple[list[Any], float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--case", default="image_folder", help="a folder of migration/cases")
+    parser.add_argument("--case", default="image_folder", help="a folder of tests/migration_cases")
     parser.add_argument("--quick", action="store_true", help="one epoch (for the test suite)")
     args = parser.parse_args()
     case_dir = CASES / args.case

@@ -1,12 +1,59 @@
-"""Module-level (so picklable) datasets and callables for tests/test_dataloader.py."""
+"""Module-level (so picklable) datasets, callables and checks for the tests/test_dataloader_*.py
+files."""
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import torch
+from _sync import WAIT
 from torch.utils.data import Dataset, IterableDataset
+
+N = 23  # samples in the matrix datasets (odd, so drop_last matters)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+class VarBatchSampler:
+    """A batch sampler with variable batch sizes (1, 2, 3, 4, 1, 2, ...) over a permutation."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self.seed = seed
+
+    def _batches(self) -> list[list[int]]:
+        order = torch.randperm(self.n, generator=gen(self.seed)).tolist()
+        out, size = [], 1
+        while order:
+            out.append(order[:size])
+            order = order[size:]
+            size = size % 4 + 1
+        return out
+
+    def __iter__(self):
+        return iter(self._batches())
+
+    def __len__(self) -> int:
+        return len(self._batches())
+
+
+def pipeline_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("torch_spdl")]
+
+
+def assert_no_pipeline_threads() -> None:
+    for t in pipeline_threads():
+        t.join(timeout=WAIT)
+    assert not [t.name for t in pipeline_threads()]
+
+
+def ids(batches: list[torch.Tensor]) -> list[list[int]]:
+    """Batches of int samples (collated to 1-d tensors) as lists of indices."""
+    return [b.tolist() for b in batches]
 
 
 def make_sample(i: int, kind: str) -> Any:

@@ -183,7 +183,11 @@ class SamplerRecorder(Recorder):
     def _dump(self) -> None:
         loader = self.trainer.train_dataloader
         self.seen["classes"] = {  # type: ignore[assignment]
-            "loader": type(loader).__module__ + "." + type(loader).__qualname__,
+            "loader": (
+                "torch_spdl.DataLoader"
+                if type(loader) is DataLoader
+                else type(loader).__module__ + "." + type(loader).__qualname__
+            ),
             "sampler": type(loader.sampler).__qualname__,
         }
         super()._dump()

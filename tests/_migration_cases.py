@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-CASES = Path(__file__).resolve().parent.parent / "migration" / "cases"
+CASES = Path(__file__).resolve().parent / "migration_cases"
 
 # case -> class -> stages the tool must report (None: kept as one stage)
 EXPECTED: dict[str, dict[str, list[str] | None]] = {

@@ -205,6 +205,21 @@ def test_buffer_pool_reuses_a_batch_only_once_nothing_sees_it(jpeg: bytes, png: 
         tio.BufferPool(0)
 
 
+def test_buffer_pool_sees_views_of_views_and_tensors() -> None:
+    pool = tio.BufferPool(max_buffers=1)
+    a = pool.take((4, 6), np.uint8)
+    assert a is not None
+    view = a[1:][:, ::2].T  # a view of a view of a view
+    del a
+    assert pool.take((4, 6), np.uint8) is None  # still seen through the view: in use
+    tensor = tio.to_torch(view)
+    del view
+    assert pool.take((4, 6), np.uint8) is None  # the tensor still sees it
+    del tensor
+    assert pool.take((4, 6), np.uint8) is not None  # nothing does: free again
+    assert len(pool) == 1
+
+
 def test_to_torch_shares_memory(jpeg: bytes) -> None:
     buffer = tio.load_image_batch([jpeg, jpeg], width=32, height=32)
     tensor = tio.to_torch(buffer)
@@ -340,15 +355,17 @@ def test_transfer_to_cuda_on_dedicated_stream() -> None:
     assert out["x"].is_cuda and out["y"][1] == 3
     assert torch.equal(out["x"].cpu(), t)
     assert torch.cuda.current_stream() == torch.cuda.default_stream()
-    streams = []
 
-    def in_thread() -> None:
-        tio.transfer_tensor(t)
-        streams.append(tio._transfer._LOCAL.streams)
+    def in_thread(_: int) -> bool:
+        # Each thread's copy is whole when it returns, and the thread's current stream is
+        # left as it was (the copy ran on a stream of the transfer's own).
+        out = tio.transfer_tensor(t)
+        return torch.equal(out.cpu(), t) and torch.cuda.current_stream() == (
+            torch.cuda.default_stream()
+        )
 
     with ThreadPoolExecutor(2) as ex:
-        list(ex.map(lambda _: in_thread(), range(2)))
-    assert streams[0] is not streams[1]
+        assert all(ex.map(in_thread, range(4)))
 
 
 # -- fork safety ----------------------------------------------------------------------------

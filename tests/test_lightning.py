@@ -175,7 +175,7 @@ def test_worker_count_warning(monkeypatch):
 def _check_ddp(records, sampler):
     assert [r["world_size"] for r in records] == [2, 2]
     for r in records:
-        assert r["seen"]["classes"]["loader"] == "torch_spdl.data._dataloader.DataLoader"
+        assert r["seen"]["classes"]["loader"] == "torch_spdl.DataLoader"
         assert r["seen"]["classes"]["sampler"] == sampler
     for epoch in ("0", "1"):
         a, b = (r["seen"]["train"][epoch] for r in records)

@@ -1,10 +1,11 @@
-"""The migration tool (``torch-spdl migrate``): the before/after cases in migration/cases,
+"""The migration tool (``torch-spdl migrate``): the before/after cases in tests/migration_cases,
 the split rules, the command line and bad input."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import runpy
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,7 @@ def test_tool_produces_the_committed_after(case: str) -> None:
     result = migrate_source(before, f"{case}/before.py")
     assert result.status == "changed", result.error
     assert result.migrated == (CASES / case / "after.py").read_text(), (
-        "after.py is stale: regenerate it (see migration/README.md)"
+        "after.py is stale: regenerate it (see docs/migration.md, Regenerating)"
     )
     expected = EXPECTED[case]
     assert result.splits() == {k: v for k, v in expected.items() if v is not None}
@@ -428,17 +429,18 @@ def test_plain_and_aliased_dataloader_imports_in_one_module() -> None:
 def test_an_internal_error_fails_only_its_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from torch_spdl import _cli
-    from torch_spdl.migration import _driver, migrate_paths
+    import libcst
 
-    real = _driver.migrate_module
+    from torch_spdl.migration import migrate_paths
 
-    def buggy(module):  # a bug of the tool, on one file only
-        if "BOOM" in module.code:
+    real = libcst.parse_module
+
+    def buggy(source, *args, **kwargs):  # a bug on the tool's path, on one file only
+        if "BOOM" in source:
             raise TypeError("'<' not supported between instances of 'NoneType' and 'str'")
-        return real(module)
+        return real(source, *args, **kwargs)
 
-    monkeypatch.setattr(_driver, "migrate_module", buggy)
+    monkeypatch.setattr(libcst, "parse_module", buggy)
     bad, good = tmp_path / "a_bad.py", tmp_path / "b_good.py"
     bad.write_text("from torch.utils.data import DataLoader  # BOOM\n")
     good.write_text("from torch.utils.data import DataLoader\n")
@@ -451,7 +453,11 @@ def test_an_internal_error_fails_only_its_file(
     assert bad.read_text() == "from torch.utils.data import DataLoader  # BOOM\n"
     assert good.read_text() == "from torch_spdl import DataLoader\n"
     good.write_text("from torch.utils.data import DataLoader\n")
-    assert _cli.main(["migrate", "--quiet", "--write", str(tmp_path)]) == 1
+    # The command line (``python -m torch_spdl``, run here in this process) exits with 1.
+    monkeypatch.setattr(sys, "argv", ["torch-spdl", "migrate", "--quiet", "--write", str(tmp_path)])
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_module("torch_spdl", run_name="__main__")
+    assert exited.value.code == 1
     assert good.read_text() == "from torch_spdl import DataLoader\n"
 
 

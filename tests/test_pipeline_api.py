@@ -14,7 +14,6 @@ import logging
 import multiprocessing as mp
 import os
 import threading
-import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
@@ -575,6 +574,26 @@ def test_async_op_rejects_an_executor():
         PipelineBuilder().add_source(range(3)).pipe(_adouble, executor=executor)
 
 
+def test_to_thread_in_an_async_op_runs_on_threads_the_pipeline_joins():
+    """``asyncio.to_thread`` (what torch_spdl.io's async functions use) runs on the loop's
+    default executor: the pipeline's own, whose threads are gone once it stops."""
+    names = []
+
+    def work(x: int) -> int:
+        names.append(threading.current_thread().name)
+        return x
+
+    async def op(x: int) -> int:
+        return await asyncio.to_thread(work, x)
+
+    pipeline = PipelineBuilder().add_source(range(8)).pipe(op, concurrency=4).add_sink(2).build()
+    with pipeline.auto_stop():
+        assert sorted(pipeline) == list(range(8))
+    assert len(names) == 8
+    assert all(name.startswith("torch_spdl_async") for name in names), names
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("torch_spdl_async")]
+
+
 # ---------------------------------------------------------------------------------------
 # builds, sources
 # ---------------------------------------------------------------------------------------
@@ -673,14 +692,11 @@ def test_get_iterator_timeout(kind):
     try:
         with pipeline.auto_stop():
             iterator = pipeline.get_iterator(timeout=0.2)
-            t0 = time.monotonic()
-            with pytest.raises(TimeoutError):
+            with pytest.raises(TimeoutError):  # nothing can arrive while the gate is shut
                 next(iterator)
-            elapsed = time.monotonic() - t0
             gate.set()
     finally:
         gate.set()
-    assert 0.15 <= elapsed < 2, elapsed
 
 
 def test_get_item_timeout_then_recovers():
@@ -693,10 +709,8 @@ def test_get_item_timeout_then_recovers():
     pipeline = PipelineBuilder().add_source(range(3)).pipe(blocked).add_sink(2).build()
     try:
         with pipeline.auto_stop():
-            t0 = time.monotonic()
-            with pytest.raises(TimeoutError):
+            with pytest.raises(TimeoutError):  # nothing can arrive while the gate is shut
                 pipeline.get_item(timeout=0.2)
-            assert time.monotonic() - t0 < 2
             gate.set()
             assert [pipeline.get_item(timeout=WAIT) for _ in range(3)] == [0, 1, 2]
             with pytest.raises(EOFError):

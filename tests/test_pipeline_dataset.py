@@ -22,7 +22,7 @@ import torch.utils.data
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from torch_spdl._pipeline_dataset import PipelineDataset
+from torch_spdl import PipelineDataset
 from torch_spdl.pipeline import PipelineBuilder
 from torch_spdl.source import DistributedRandomSampler
 

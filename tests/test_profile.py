@@ -1,7 +1,8 @@
 """profile_pipeline: per-stage rates, the bottleneck, and the report.
 
-A stage's cost is modelled by sleeping inside its op, which releases the GIL like real I/O
-or native decoding, so the measured rates do not depend on how loaded the machine is.
+A stage's cost is modelled on a virtual clock that its op advances, and the profiler reads
+that clock (its ``clock`` argument), so the measured rates are exact and do not depend on
+how loaded the machine is: no test here reads the wall clock.
 """
 
 from __future__ import annotations
@@ -9,14 +10,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
-import time
+import threading
 
 import pytest
 
 from torch_spdl.pipeline import PipelineBuilder, ProfileReport, StageProfile, profile_pipeline
 
-SLOW_S = 0.002  # what the slow stage costs per call
+SLOW_S = 0.002  # what the slow stage costs per call, in virtual seconds
 LEVELS = (1, 2)
+
+
+class VirtualClock:
+    """Seconds that pass only when an op says it spent them (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._now = 0.0
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def spend(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
+CLOCK = VirtualClock()
 
 
 def cheap(x: int) -> int:
@@ -24,7 +44,7 @@ def cheap(x: int) -> int:
 
 
 def slow(x: int) -> int:
-    time.sleep(SLOW_S)
+    CLOCK.spend(SLOW_S)
     return x
 
 
@@ -33,7 +53,7 @@ async def async_cheap(x: int) -> int:
 
 
 def slow_batch(batch: list[int]) -> int:
-    time.sleep(2 * SLOW_S)  # per call slower than `slow`, per source item 4x faster
+    CLOCK.spend(2 * SLOW_S)  # per call slower than `slow`, per source item 4x faster
     return sum(batch)
 
 
@@ -58,6 +78,7 @@ def profile(builder_or_config, **kwargs) -> ProfileReport:
     kwargs.setdefault("num_iterations", 40)
     kwargs.setdefault("concurrency_levels", LEVELS)
     kwargs.setdefault("file", None)
+    kwargs.setdefault("clock", CLOCK)
     return profile_pipeline(builder_or_config, **kwargs)
 
 
@@ -73,9 +94,10 @@ def test_slow_stage_is_the_bottleneck():
         assert set(stage.rates) == set(LEVELS)
         assert all(rate > 0 for rate in stage.rates.values())
     slow_stage = report.stages[1]
-    # 40 items at >= 2 ms each on one worker: at most 500 items/s.
-    assert slow_stage.rates[1] <= 1 / SLOW_S
-    assert slow_stage.best_rate < min(s.best_rate for s in report.stages if s is not slow_stage)
+    # 40 items at 2 ms each (virtual time spent one after the other): 500 items/s.
+    assert slow_stage.rates == {1: pytest.approx(1 / SLOW_S), 2: pytest.approx(1 / SLOW_S)}
+    # A stage that spends no virtual time measures as infinitely fast.
+    assert all(s.best_rate == float("inf") for s in report.stages if s is not slow_stage)
 
 
 def test_report_table_names_every_stage_and_level():

@@ -12,7 +12,6 @@ import asyncio
 import functools
 import multiprocessing
 import threading
-import time
 
 import pytest
 
@@ -194,11 +193,11 @@ def test_closing_early_joins_the_child():
         if len(got) == 5:
             break
     assert got == [0, 1, 2, 3, 4]
-    assert len(multiprocessing.active_children()) == 1  # still running until closed
-    t0 = time.monotonic()
+    (child,) = multiprocessing.active_children()  # still running until closed
     iterator.close()
-    # The child stops at its next slot; it is not left to the 10 s join-then-terminate path.
-    assert time.monotonic() - t0 < 5
+    # The child stopped by itself at its next slot (exit code 0); it was not left to the
+    # join-then-terminate path, which would have ended it by a signal (a negative code).
+    assert child.exitcode == 0
     assert_no_children()
 
 
@@ -217,11 +216,9 @@ def test_timeout_when_the_child_stalls():
     # The child cannot yield before STALL_S, five times the timeout, however loaded the
     # machine is. (The timeout bounds every wait, the first included, so a child that
     # yielded once and then stalled would need a timeout longer than a child's start-up.)
-    t0 = time.monotonic()
     with pytest.raises(TimeoutError, match="0.3 s"):
         next(iterate_in_subprocess(stall, timeout=0.3))
     # Raised, then cleaned up: the stalled child finished its wait and was joined.
-    assert time.monotonic() - t0 < STALL_S + 10
     assert_no_children()
 
 

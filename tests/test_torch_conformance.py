@@ -8,7 +8,9 @@ datasets and their sharding, per-worker copies of the dataset, errors, ``timeout
 
 from __future__ import annotations
 
-import threading
+import functools
+import os
+import select
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 from _dl_helpers import MapData, ShardedByWorker, assert_same_batches
+from _sync import WAIT
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, IterableDataset
 
@@ -200,32 +203,58 @@ def test_worker_init_fn_error_is_raised_as_itself(worker_type: str) -> None:
             list(loader)
 
 
-class Stalls(Dataset):
-    """Sample 4 waits until the test lets it go (a read that hangs)."""
+_PIPES: list[tuple[int, int]] = []  # closed once the module's tests are done (see below)
 
-    def __init__(self, release: threading.Event) -> None:
-        self.release = release
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_pipes() -> Iterator[None]:
+    """The pipes of ``Stalls`` outlive its test: a loader leaves a stuck worker to finish on
+    its own, and datasets are copied per worker (same descriptors), so no copy may close
+    them. By the module's end every worker is gone (each test checks that it left none)."""
+    yield
+    while _PIPES:
+        for fd in _PIPES.pop():
+            os.close(fd)
+
+
+class Stalls(Dataset):
+    """Sample 4 waits until the test lets it go (a read that hangs).
+
+    The wait is on a pipe, which a forked worker process shares and which holds no lock
+    (a worker killed in the middle of it breaks nothing); its bound only keeps a broken
+    loader from hanging the suite."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        _PIPES.append((self._read, self._write))
 
     def __len__(self) -> int:
         return 16
 
     def __getitem__(self, i: int) -> int:
-        if i == 4:  # in torch's worker process the event is a copy: it waits out its bound
-            self.release.wait(3.0)
+        if i == 4:
+            select.select([self._read], [], [], WAIT)
         return i
+
+    def release(self) -> None:
+        os.write(self._write, b"!")  # readable from now on, for every waiter
 
 
 @pytest.mark.parametrize("worker_type", WORKER_TYPES)
 def test_timeout_raises_while_a_worker_is_stuck(worker_type: str) -> None:
     """``timeout``: a batch not received within it raises RuntimeError; the stuck worker
     does not hold the error back (it is left to finish, then ends)."""
-    release = threading.Event()
-    try:
-        for loader in both(Stalls(release), worker_type, batch_size=2, num_workers=2, timeout=0.5):
-            with pytest.raises(RuntimeError, match="timed out"):
-                list(loader)
-    finally:
-        release.set()
+    for make in (TorchDataLoader, functools.partial(DataLoader, worker_type=worker_type)):
+        dataset, error = Stalls(), ""
+        batches = iter(make(dataset, batch_size=2, num_workers=2, timeout=0.5))
+        try:
+            list(batches)
+        except RuntimeError as exc:
+            error = str(exc)
+        finally:
+            dataset.release()  # the stuck read ends, so that the stop below is prompt
+            del batches  # (torch's iterator stops its worker processes when dropped)
+        assert "timed out" in error, error
 
 
 # -- typing, persistence, order ----------------------------------------------------------------

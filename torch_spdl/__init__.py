@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from .pipeline import Pipeline, PipelineBuilder, PipelineFailure
 
 if TYPE_CHECKING:
-    from ._pipeline_dataset import PipelineDataset as PipelineDataset
     from .data import DataLoader as DataLoader
+    from .data import PipelineDataset as PipelineDataset
     from .data import Stage as Stage
     from .data import StagedDataset as StagedDataset
     from .data import WorkerInfo as WorkerInfo
@@ -28,7 +28,7 @@ _LAZY = {
     "StagedDataset": ".data",
     "WorkerInfo": ".data",
     "get_worker_info": ".data",
-    "PipelineDataset": "._pipeline_dataset",
+    "PipelineDataset": ".data",
 }
 
 __all__ = ["Pipeline", "PipelineBuilder", "PipelineFailure", "__version__", *_LAZY]

@@ -8,8 +8,8 @@ consumer has dropped every tensor that views them.
 
 A buffer is a NumPy view of a torch allocation; the batch is ``torch.from_numpy(buffer)``,
 whose storage holds a reference to the array for as long as any tensor or view of the
-batch lives. When the
-array's reference count is back to the pool's own, nothing can see it any more.
+batch lives; once the last of them is gone, the pool takes the buffer back (how it knows:
+``torch_spdl/io/_buffers.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
-from .._buffers import BufferPool
+from ..io import BufferPool
 
 __all__ = ["RecyclingCollate", "TensorPool", "MIN_POOLED_BYTES"]
 

@@ -15,7 +15,6 @@ Every input that cannot be read raises :class:`MediaError`, naming the source.
 
 from __future__ import annotations
 
-from .._buffers import BufferPool
 from ._async import (
     async_convert_frames,
     async_decode_packets,
@@ -25,6 +24,7 @@ from ._async import (
     async_load_image_batch,
     async_transfer_tensor,
 )
+from ._buffers import BufferPool
 from ._convert import convert_frames, to_torch
 from ._decode import decode_packets, pick_lowres
 from ._demux import Packets, demux_audio, demux_image, demux_video

@@ -9,7 +9,7 @@ from typing import Any
 import av
 import numpy as np
 
-from .._buffers import BufferPool
+from ._buffers import BufferPool
 from ._frames import AudioFrames, Frames
 
 _LG = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._buffers import BufferPool
+from ._buffers import BufferPool
 from ._convert import convert_frames
 from ._decode import decode_packets, image_options
 from ._demux import demux_audio, demux_image, demux_video

@@ -1,9 +1,12 @@
 """What one statement of ``__getitem__`` does: I/O, CPU work, randomness, state, names.
 
-The split analysis (:mod:`._split`) works statement by statement on these facts. The
-classification is syntactic: calls are resolved through the module's imports and compared
-with the tables in :mod:`._tables`; handles (``self.h5 = h5py.File(...)``) are followed
-through assignments, so reading ``self.h5["x"][i]`` counts as I/O.
+The split analysis (:mod:`._split`) works statement by statement on these facts. This
+module knows what reading looks like in a dataset: calls are resolved through the module's
+imports and compared with the tables in :mod:`._tables`; handles (``self.h5 =
+h5py.File(...)``) are followed through assignments, so reading ``self.h5["x"][i]`` counts
+as I/O; shared random generators and loops that mix reading with computing are flagged.
+Which names and attributes a statement binds, reads and changes is general Python, not
+dataset knowledge: that comes from :mod:`._dataflow` and is copied into the facts.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
+from ._dataflow import chain_root, self_attr, statement_dataflow
 from ._names import ImportMap, dotted, walk
 from ._tables import (
     HANDLE_OPENERS,
     IO_FUNCTIONS,
     IO_METHODS,
-    MUTATING_METHODS,
     RNG_CONSTRUCTORS,
     SHARED_RNG_MODULES,
     TORCH_RANDOM,
@@ -72,34 +75,7 @@ class Facts:
     store_order: list[str] = field(default_factory=list)
 
 
-# -- helpers on expressions ----------------------------------------------------------------
-def self_attr(node: cst.CSTNode) -> str | None:
-    """``X`` for ``self.X``."""
-    if (
-        isinstance(node, cst.Attribute)
-        and isinstance(node.value, cst.Name)
-        and node.value.value == "self"
-    ):
-        return node.attr.value
-    return None
-
-
-def _root(expr: cst.BaseExpression) -> tuple[str, str] | None:
-    """Where a chain of subscripts, attributes and calls starts: ("self", X) or ("name", n)."""
-    while True:
-        attr = self_attr(expr)
-        if attr is not None:
-            return ("self", attr)
-        if isinstance(expr, cst.Subscript | cst.Attribute):
-            expr = expr.value
-        elif isinstance(expr, cst.Call):
-            expr = expr.func
-        elif isinstance(expr, cst.Name):
-            return ("name", expr.value)
-        else:
-            return None
-
-
+# -- expressions -----------------------------------------------------------------------------
 def _first_arg(call: cst.Call) -> cst.BaseExpression | None:
     for arg in call.args:
         if arg.keyword is None and not arg.star:
@@ -153,7 +129,7 @@ def _derives_from(value: cst.BaseExpression, handles: set[str], attrs: set[str])
     handle. (``f["images"][i]`` is data: reading it is the I/O.)"""
     if not _is_string_key(value):
         return False
-    root = _root(value)
+    root = chain_root(value)
     if root is None:
         return False
     kind, name = root
@@ -278,7 +254,7 @@ def classify_call(call: cst.Call, fctx: FunctionContext) -> tuple[str, str]:
                 return "io", f"self.{method}() (reads)"
             if method in ctx.random_attrs:
                 return "rng", f"self.{method} (random transform)"
-        root = _root(receiver)
+        root = chain_root(receiver)
         if root is not None:
             kind, owner = root
             if (kind == "self" and owner in ctx.handle_attrs) or (
@@ -328,7 +304,7 @@ def _subscript_reads(node: cst.Subscript, fctx: FunctionContext) -> bool:
     """Reading data out of a handle (not naming a part of it by a string key)."""
     if _is_string_key(node):
         return False
-    root = _root(node.value)
+    root = chain_root(node.value)
     if root is None:
         return False
     kind, name = root
@@ -360,9 +336,10 @@ def statement_facts(stmt: cst.CSTNode, fctx: FunctionContext) -> Facts:
             facts.scope_stmts = True
         elif isinstance(node, _LOOPS) and _mixes(node, fctx):
             facts.mixed_loops.append(node)
-    _state(stmt, facts)
-    _names(stmt, facts)
-    facts.definite = definite_names(stmt)
+    flow = statement_dataflow(stmt)
+    facts.read_attrs, facts.mutated_attrs = flow.read_attrs, flow.mutated_attrs
+    facts.stores, facts.store_order, facts.loads = flow.stores, flow.store_order, flow.loads
+    facts.definite = flow.definite
     return facts
 
 
@@ -374,154 +351,3 @@ def _mixes(loop: cst.CSTNode, fctx: FunctionContext) -> bool:
         elif isinstance(node, cst.Subscript) and _subscript_reads(node, fctx):
             kinds.add("io")
     return "io" in kinds and "compute" in kinds
-
-
-def _state(stmt: cst.CSTNode, facts: Facts) -> None:
-    """Attributes of ``self`` that the statement reads and those it changes."""
-    for node in walk(stmt, into_scopes=True):
-        attr = self_attr(node)
-        if attr is not None:
-            facts.read_attrs.add(attr)
-        targets: list[cst.CSTNode] = []
-        if isinstance(node, cst.Assign):
-            targets = [t.target for t in node.targets]
-        elif isinstance(node, cst.AnnAssign | cst.AugAssign):
-            targets = [node.target]
-        elif isinstance(node, cst.Del):
-            targets = [node.target]
-        elif (
-            isinstance(node, cst.Call)
-            and isinstance(node.func, cst.Attribute)
-            and node.func.attr.value in MUTATING_METHODS
-        ):
-            targets = [node.func.value]
-        for target in targets:
-            for sub in walk(target):
-                root = _root(sub) if isinstance(sub, cst.BaseExpression) else None
-                if root is not None and root[0] == "self":
-                    facts.mutated_attrs.add(root[1])
-                    break
-
-
-def _target_names(target: cst.CSTNode) -> list[cst.Name]:
-    if isinstance(target, cst.Name):
-        return [target]
-    if isinstance(target, cst.Tuple | cst.List):
-        return [n for el in target.elements for n in _target_names(el.value)]
-    if isinstance(target, cst.StarredElement):
-        return _target_names(target.value)
-    return []
-
-
-def _binders(node: cst.CSTNode) -> list[cst.Name]:
-    """Names that ``node`` binds in the function's own scope."""
-    if isinstance(node, cst.Assign):
-        return [n for t in node.targets for n in _target_names(t.target)]
-    if isinstance(node, cst.AnnAssign | cst.AugAssign | cst.For | cst.NamedExpr):
-        return _target_names(node.target)
-    if isinstance(node, cst.WithItem) and node.asname is not None:
-        return _target_names(node.asname.name)
-    if isinstance(node, cst.ExceptHandler) and node.name is not None:
-        return _target_names(node.name.name)
-    if isinstance(node, cst.FunctionDef | cst.ClassDef):
-        return [node.name]
-    if isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
-        out = []
-        for alias in node.names:
-            bound = alias.asname.name if alias.asname else alias.name
-            while isinstance(bound, cst.Attribute):
-                bound = bound.value
-            if isinstance(bound, cst.Name):
-                out.append(bound)
-        return out
-    return []
-
-
-def _not_references(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """Name nodes under ``node`` that are labels, not variable references."""
-    if isinstance(node, cst.Attribute):
-        return [node.attr]
-    if isinstance(node, cst.Arg) and node.keyword is not None:
-        return [node.keyword]
-    if isinstance(node, cst.Param):
-        return [node.name]
-    if isinstance(node, cst.ImportAlias | cst.ImportFrom | cst.Import):
-        return list(walk(node))
-    if isinstance(node, cst.Global | cst.Nonlocal):
-        return list(walk(node))
-    return []
-
-
-def _names(stmt: cst.CSTNode, facts: Facts) -> None:
-    bound: set[int] = set()
-    for node in walk(stmt):
-        if isinstance(node, cst.CompFor):
-            continue
-        for name in _binders(node):
-            bound.add(id(name))
-            if name.value not in facts.stores:
-                facts.stores.add(name.value)
-                facts.store_order.append(name.value)
-    skip: set[int] = set()
-    for node in walk(stmt, into_scopes=True):
-        skip.update(id(n) for n in _not_references(node))
-    for node in walk(stmt, into_scopes=True):
-        if isinstance(node, cst.Name) and id(node) not in skip and id(node) not in bound:
-            facts.loads.add(node.value)
-    for node in walk(stmt):  # x += 1 reads x too
-        if isinstance(node, cst.AugAssign):
-            facts.loads.update(n.value for n in _target_names(node.target))
-
-
-def definite_names(stmt: cst.CSTNode) -> set[str]:
-    """Names that are surely bound once ``stmt`` completes normally."""
-    if isinstance(stmt, cst.SimpleStatementLine):
-        out: set[str] = set()
-        for small in stmt.body:
-            out.update(n.value for n in _binders(small))
-            if isinstance(small, cst.Expr | cst.Assign) and isinstance(
-                getattr(small, "value", None), cst.NamedExpr
-            ):
-                out.update(n.value for n in _binders(small.value))
-        return out
-    if isinstance(stmt, cst.With):
-        out = {n.value for item in stmt.items for n in _binders(item)}
-        return out | _block_definite(stmt.body)
-    if isinstance(stmt, cst.If):
-        if stmt.orelse is None:
-            return set()
-        other = (
-            definite_names(stmt.orelse)
-            if isinstance(stmt.orelse, cst.If)
-            else _block_definite(stmt.orelse.body)
-        )
-        return _block_definite(stmt.body) & other
-    if isinstance(stmt, cst.Try):
-        out = _block_definite(stmt.body)
-        for handler in stmt.handlers:
-            if not _ends_abruptly(handler.body):
-                out &= _block_definite(handler.body)
-        if stmt.finalbody is not None:
-            out |= _block_definite(stmt.finalbody.body)
-        return out
-    if isinstance(stmt, cst.FunctionDef | cst.ClassDef):
-        return {stmt.name.value}
-    return set()
-
-
-def _block_definite(block: cst.BaseSuite) -> set[str]:
-    stmts = block.body if isinstance(block, cst.IndentedBlock) else [block]
-    out: set[str] = set()
-    for s in stmts:
-        out |= definite_names(s)
-    return out
-
-
-def _ends_abruptly(block: cst.BaseSuite) -> bool:
-    stmts = list(block.body) if isinstance(block, cst.IndentedBlock) else [block]
-    if not stmts:
-        return False
-    last = stmts[-1]
-    if isinstance(last, cst.SimpleStatementLine | cst.SimpleStatementSuite):
-        return any(isinstance(s, cst.Raise | cst.Return | cst.Continue) for s in last.body)
-    return False

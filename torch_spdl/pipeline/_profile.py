@@ -166,7 +166,11 @@ class _SinkStats(StatsQueue):
 
 
 def _run_stage(
-    spec: PipeConfig, inputs: list[Any], concurrency: int, num_threads: int | None
+    spec: PipeConfig,
+    inputs: list[Any],
+    concurrency: int,
+    num_threads: int | None,
+    clock: Callable[[], float],
 ) -> tuple[float, list[Any], int, float]:
     sink_stats = type("_Sink", (_SinkStats,), {})
     pipeline = (
@@ -182,10 +186,10 @@ def _run_stage(
         .add_sink(0)
         .build(num_threads=num_threads, queue_class=sink_stats)
     )
-    t0 = time.perf_counter()
+    t0 = clock()
     with pipeline.auto_stop():
         outputs = list(pipeline)
-    elapsed = time.perf_counter() - t0
+    elapsed = clock() - t0
     failed = pipeline.get_stats()[1].num_failed
     occupancy = sink_stats.last.occupancy_rate if sink_stats.last is not None else 0.0
     rate = len(inputs) / elapsed if elapsed > 0 else float("inf")
@@ -202,6 +206,7 @@ def profile_pipeline(
     file: IO[str] | None | Literal["stdout"] = "stdout",
     callback: Callable[[ProfileResult], None] | None = None,
     hook: ProfileHook | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> ProfileReport:
     """Profile every stage of ``pipeline`` on ``num_iterations`` items from its source.
 
@@ -221,6 +226,9 @@ def profile_pipeline(
         file: where to write the table.
         callback: SPDL: called with each stage's :class:`ProfileResult` once measured.
         hook: SPDL: a :class:`ProfileHook` entered around the whole profile and each run.
+        clock: seconds, read before and after each measured run (default
+            ``time.perf_counter``); a test can pass a clock its ops advance, so that the
+            rates do not depend on how loaded the machine is.
     """
     if num_inputs is not None:
         num_iterations = num_inputs
@@ -235,7 +243,9 @@ def profile_pipeline(
     config = PipelineConfig(config.source, stages, config.buffer_size)
     around = hook.pipeline_profile_hook() if hook is not None else contextlib.nullcontext()
     with around:
-        report = _profile(config, num_iterations, concurrency_levels, num_threads, callback, hook)
+        report = _profile(
+            config, num_iterations, concurrency_levels, num_threads, callback, hook, clock
+        )
     if file == "stdout":
         file = sys.stdout
     if file is not None:
@@ -250,6 +260,7 @@ def _profile(
     num_threads: int | None,
     callback: Callable[[ProfileResult], None] | None,
     hook: ProfileHook | None,
+    clock: Callable[[], float],
 ) -> ProfileReport:
     inputs = _sample(config.source, num_iterations)
     num_source = max(len(inputs), 1)
@@ -279,7 +290,9 @@ def _profile(
                     else contextlib.nullcontext()
                 )
                 with around:
-                    rate, produced, failed, occupancy = _run_stage(spec, inputs, level, num_threads)
+                    rate, produced, failed, occupancy = _run_stage(
+                        spec, inputs, level, num_threads, clock
+                    )
                 profile.rates[level] = rate
                 profile.occupancy[level] = occupancy
                 if level == declared:

@@ -2,6 +2,9 @@
 
 Workers never outlive their runtime: ``shutdown`` aborts every channel (which wakes every
 worker waiting on one), cancels the event loop's tasks, and joins every thread it started.
+The event loop's default executor (where ``asyncio.to_thread`` runs, as ``torch_spdl.io``'s
+async functions do) is one the runtime makes and shuts down, waiting for its threads, when
+the loop ends: ``loop.close()`` alone would leave them running.
 The runtime holds no reference to the user-facing ``Pipeline``, so a pipeline that is
 dropped while running can be collected, and its finalizer shuts the runtime down.
 """
@@ -13,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._autotune import AutotuneConfig, Autotuner
@@ -104,6 +108,10 @@ class Runtime:
                 node.launch(self)
             if self._task_factories or self._background:
                 self._loop = asyncio.new_event_loop()
+                # asyncio's own default executor, but named and owned: shut down in _run_loop.
+                self._loop.set_default_executor(
+                    ThreadPoolExecutor(thread_name_prefix="torch_spdl_async")
+                )
                 self._threads.append(
                     threading.Thread(target=self._run_loop, name="torch_spdl-loop", daemon=True)
                 )
@@ -156,7 +164,12 @@ class Runtime:
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
-                loop.close()
+                try:
+                    # Waits for every to_thread call still running (an op cancelled by stop()
+                    # returns there); shutdown() joins this thread, so it waits for them too.
+                    loop.run_until_complete(loop.shutdown_default_executor())
+                finally:
+                    loop.close()
 
     @property
     def state(self) -> str:

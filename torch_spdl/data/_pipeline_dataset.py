@@ -15,11 +15,10 @@ from typing import Any, Generic, TypeVar
 
 import torch.utils.data
 
-from .pipeline import PipelineBuilder, PipelineConfig, build_pipeline
-from .pipeline._builder import PipeConfig
-from .pipeline._ops import OpKind
-from .source import DistributedRandomSampler
-from .source._distributed import resolve_rank_and_world_size
+from ..pipeline import PipeConfig, PipelineBuilder, PipelineConfig, build_pipeline
+from ..pipeline._ops import OpKind
+from ..source import DistributedRandomSampler
+from ..source._distributed import resolve_rank_and_world_size
 
 __all__ = ["PipelineDataset"]
 

@@ -1,6 +1,6 @@
-"""Regenerate every ``migration/cases/*/after.py`` from its ``before.py`` with the tool.
+"""Regenerate every ``tests/migration_cases/*/after.py`` from its ``before.py`` with the tool.
 
-    .venv/bin/python migration/regenerate.py
+    .venv/bin/python tests/migration_cases/regenerate.py
 
 tests/test_migration.py checks that the committed after.py is exactly what the tool
 produces, so run this after changing a case or the tool (and review the diff).
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from torch_spdl.migration import migrate_source
 
-CASES = Path(__file__).resolve().parent / "cases"
+CASES = Path(__file__).resolve().parent
 
 
 def main() -> int:

@@ -1,0 +1,82 @@
+"""``torch_spdl.DataLoader`` with ``worker_type="process"``: results like torch's, over
+epochs, errors and ``worker_init_fn``.
+
+Synchronisation is done with barriers, events and conditions (with timeouts so a bug fails
+rather than hangs), never with sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from _dl_helpers import (
+    ProcessBadData,
+    ProcessData,
+    ProcessWorkerInfoData,
+    assert_same_batches,
+    gen,
+    mark_init,
+)
+from torch.utils.data import DataLoader as TorchDataLoader
+
+from torch_spdl import DataLoader
+
+
+# -- 7. worker processes -----------------------------------------------------------------------
+def test_process_workers_match_torch() -> None:
+    ds = ProcessData(20)
+    ref = list(TorchDataLoader(ds, batch_size=4, shuffle=True, generator=gen(2)))
+    ours = DataLoader(
+        ds, batch_size=4, shuffle=True, generator=gen(2), num_workers=2, worker_type="process"
+    )
+    assert_same_batches(list(ours), ref)
+
+
+def test_persistent_process_workers_match_torch_over_epochs() -> None:
+    ds = ProcessData(12, with_pid=True)
+    ref = TorchDataLoader(ds, batch_size=4, shuffle=True, generator=gen(2))
+    ours = DataLoader(
+        ds,
+        batch_size=4,
+        shuffle=True,
+        generator=gen(2),
+        num_workers=2,
+        worker_type="process",
+        persistent_workers=True,
+    )
+    pids = set()
+    for _ in range(2):
+        got, want = list(ours), list(ref)
+        for batch in got:
+            pids.update(batch.pop("pid").tolist())
+        for batch in want:
+            batch.pop("pid")
+        assert_same_batches(got, want)
+    assert os.getpid() not in pids
+    assert 1 <= len(pids) <= 2  # the same (persistent) processes served both epochs
+    ours.shutdown()
+
+
+def test_process_worker_error_reaches_caller() -> None:
+    loader = DataLoader(
+        ProcessBadData(12, bad=7), batch_size=4, num_workers=2, worker_type="process"
+    )
+    with pytest.raises(KeyError) as exc:
+        list(loader)
+    notes = " ".join(getattr(exc.value, "__notes__", []))
+    assert "7" in notes and "getitem" in notes, notes
+
+
+def test_process_workers_run_worker_init_fn() -> None:
+    loader = DataLoader(
+        ProcessWorkerInfoData(6),
+        batch_size=None,
+        num_workers=2,
+        worker_type="process",
+        worker_init_fn=mark_init,
+    )
+    got = list(loader)
+    assert [s["i"] for s in got] == list(range(6))
+    assert all(s["init_ran"] for s in got)
+    assert all(s["has_info"] for s in got)
