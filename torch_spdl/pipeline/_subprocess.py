@@ -206,6 +206,15 @@ def _portable(config: Any) -> PipelineConfig:
     return dataclasses.replace(config, stages=stages)
 
 
+def _pool_kind(executor: object) -> str | None:
+    """``"thread"`` or ``"process"`` for a stage's executor once made portable, else None."""
+    if isinstance(executor, _PoolSpec):
+        return executor.kind
+    if isinstance(executor, PriorityExecutorEntrypoint):
+        return executor.owner.kind
+    return None
+
+
 def _child_pools(config: PipelineConfig) -> tuple[PipelineConfig, list[Executor]]:
     """The config with each ``_PoolSpec`` made into a live pool (in the child)."""
     pools: list[Executor] = []
@@ -524,12 +533,7 @@ def run_pipeline_in_subprocess(
         config = config.get_config()
     child = _EpochChild(_portable(config), build_kwargs)
     has_process_pool = any(
-        isinstance(s, PipeConfig)
-        and "process"
-        in (
-            getattr(s.executor, "kind", None),
-            getattr(s.executor, "owner", None) and s.executor.owner.kind,
-        )
+        isinstance(s, PipeConfig) and _pool_kind(s.executor) == "process"
         for s in child.config.stages
     )
     kwargs = dict(
