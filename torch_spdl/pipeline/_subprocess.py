@@ -195,6 +195,7 @@ def _portable(config: Any) -> PipelineConfig:
     to_builder_config = getattr(config, "_to_builder_config", None)
     if to_builder_config is not None:
         config = to_builder_config()
+    # a _PoolSpec stands in for the executor only in transit; _child_pools swaps it back
     stages = [
         dataclasses.replace(s, executor=_PoolSpec(s.executor))  # type: ignore[arg-type]
         if isinstance(s, PipeConfig)
