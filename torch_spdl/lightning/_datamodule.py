@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from typing import Any
 
 import lightning.pytorch as pl
 from torch.utils.data import Dataset, DistributedSampler
 
-from ..data import DataLoader, StagedDataset
+from ..data import DataLoader, Stage, StagedDataset
 from ..source import DistributedRandomSampler
 
 __all__ = ["FunctionDataset", "LightningDistributedRandomSampler", "StagedDataModule"]
@@ -42,9 +42,7 @@ class FunctionDataset(StagedDataset):
     def process(self, raw: Any) -> Any:
         return raw if self.process_fn is None else self.process_fn(raw)
 
-    def stages(self):  # type: ignore[override]
-        from ..data import Stage
-
+    def stages(self) -> list[Stage]:
         load = self._load_async if inspect.iscoroutinefunction(self.load_fn) else self.load
         steps = [Stage(load, "io", name="load")]
         if self.process_fn is not None:
@@ -52,7 +50,13 @@ class FunctionDataset(StagedDataset):
         return steps
 
 
-class LightningDistributedRandomSampler(DistributedRandomSampler, DistributedSampler):
+# DistributedSampler is a base only for Lightning's isinstance check: its __init__ never
+# runs and its attributes are not ours, so its plain ``shuffle`` and ``num_replicas``
+# attributes are knowingly shadowed by DistributedRandomSampler's shuffle and a read-only
+# num_replicas (mypy reports both as incompatible overrides).
+class LightningDistributedRandomSampler(  # type: ignore[misc]
+    DistributedRandomSampler, DistributedSampler
+):
     """:class:`~torch_spdl.source.DistributedRandomSampler` that Lightning recognises as
     already distributed.
 
@@ -63,7 +67,7 @@ class LightningDistributedRandomSampler(DistributedRandomSampler, DistributedSam
     """
 
     @property
-    def num_replicas(self) -> int:
+    def num_replicas(self) -> int:  # type: ignore[override]
         return self.world_size
 
 
@@ -143,12 +147,17 @@ class StagedDataModule(pl.LightningDataModule):
         **kwargs: Any,
     ) -> StagedDataModule:
         """Each split is a sequence of keys (or a count); sample = ``process(load(key))``."""
-        splits = {"train": train, "val": val, "test": test, "predict": predict}
-        datasets = {
-            name: None if keys is None else FunctionDataset(keys, load, process)
-            for name, keys in splits.items()
-        }
-        return cls(**datasets, **kwargs)
+
+        def dataset(keys: Sequence[Any] | int | None) -> FunctionDataset | None:
+            return None if keys is None else FunctionDataset(keys, load, process)
+
+        return cls(
+            train=dataset(train),
+            val=dataset(val),
+            test=dataset(test),
+            predict=dataset(predict),
+            **kwargs,
+        )
 
     # -- loaders ---------------------------------------------------------------------------
     def _loader(self, dataset: Dataset | None, **kwargs: Any) -> Any:
@@ -176,9 +185,14 @@ class StagedDataModule(pl.LightningDataModule):
         dataset = self.train_dataset
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__} has no train dataset")
+        if not isinstance(dataset, Sized):
+            raise TypeError(
+                f"{type(self).__name__}: the train dataset {dataset!r} has no length; "
+                "the training sampler needs a map-style dataset with __len__"
+            )
         rank, world = self._rank_and_world()
         sampler = LightningDistributedRandomSampler(
-            len(dataset),  # type: ignore[arg-type]
+            len(dataset),
             rank=rank,
             world_size=world,
             seed=self.seed,

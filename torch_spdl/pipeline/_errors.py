@@ -76,11 +76,14 @@ class PipelineFailure(ExceptionGroup, RuntimeError):  # noqa: N818 (SPDL's name)
         self.num_failures = num_failures
         self.__cause__ = self.exceptions[0]
 
-    def derive(self, excs: Sequence[BaseException]) -> PipelineFailure:  # type: ignore[override]
+    # split()/subgroup() call this with a subset of self.exceptions, all Exceptions. The
+    # stub's derive is generic over the element type (any BaseException): a subclass that
+    # always holds Exceptions and returns itself cannot match it.
+    def derive(self, excs: Sequence[Exception]) -> PipelineFailure:  # type: ignore[override]
         by_id = {id(e): s for e, s in zip(self.exceptions, self.stages, strict=True)}
         stages = [by_id.get(id(e), "?") for e in excs]
         num = self.num_failures if stages and stages[0] == self.stage else 0
-        return PipelineFailure(self.message, list(excs), stages=stages, num_failures=num)  # type: ignore[arg-type]
+        return PipelineFailure(self.message, list(excs), stages=stages, num_failures=num)
 
     def __str__(self) -> str:
         parts = [

@@ -158,6 +158,8 @@ class ChannelSource:
 class PathVariantsStage(Node):
     """Route each item to one of several pipelines and join their outputs (module notes)."""
 
+    inbox: Channel[Any]  # a stage always has an upstream (only the source has none)
+
     def __init__(
         self,
         name: str,
@@ -203,7 +205,7 @@ class PathVariantsStage(Node):
         counters = self.new_counters()
         loop = asyncio.new_event_loop() if inspect.iscoroutinefunction(self.router) else None
         try:
-            while (item := self.inbox.get()) is not EOF:  # type: ignore[union-attr]
+            while (item := self.inbox.get()) is not EOF:
                 counters.num_in += 1
                 try:
                     index = self.router(item)

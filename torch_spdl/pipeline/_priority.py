@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
+from functools import partial
 from typing import Any
 
 __all__ = [
@@ -86,7 +87,7 @@ class _PriorityPool:
                     self._running -= 1
                 future.set_exception(exc)
                 continue
-            inner.add_done_callback(lambda f, out=future: self._done(f, out))
+            inner.add_done_callback(partial(self._done, future=future))
 
     def _done(self, inner: Future, future: Future) -> None:
         with self._lock:

@@ -25,7 +25,9 @@ from ._builder import (
     PipeConfig,
     PipelineBuilder,
     PipelineConfig,
+    StageConfig,
 )
+from ._pipeline import Pipeline
 from ._queues import QueuePerfStats, StatsQueue
 from ._region import PlacementConfig
 
@@ -172,8 +174,11 @@ def _run_stage(
     num_threads: int | None,
     clock: Callable[[], float],
 ) -> tuple[float, list[Any], int, float]:
-    sink_stats = type("_Sink", (_SinkStats,), {})
-    pipeline = (
+    class _Sink(_SinkStats):  # a class of its own: ``last`` is this run's
+        pass
+
+    sink_stats = _Sink
+    pipeline: Pipeline[Any] = (
         PipelineBuilder()
         .add_source(inputs)
         .pipe(
@@ -239,7 +244,7 @@ def profile_pipeline(
     else:
         config = pipeline
     # regions are measured stage by stage, in this process
-    stages = [s for s in config.stages if not isinstance(s, PlacementConfig)]
+    stages: list[StageConfig] = [s for s in config.stages if not isinstance(s, PlacementConfig)]
     config = PipelineConfig(config.source, stages, config.buffer_size)
     around = hook.pipeline_profile_hook() if hook is not None else contextlib.nullcontext()
     with around:
@@ -278,7 +283,7 @@ def _profile(
         elif isinstance(spec, DisaggregateConfig):
             outputs = [x for batch in inputs for x in batch]
             profiles.append(StageProfile(name, len(inputs), len(outputs), scale, 1))
-        else:
+        elif isinstance(spec, PipeConfig):
             # an autotuned stage is measured at the levels; its outputs come from the top one
             declared = max(levels) if spec.auto else int(spec.concurrency)
             profile = StageProfile(name, len(inputs), 0, scale, declared)
@@ -299,6 +304,11 @@ def _profile(
                     outputs, profile.num_failed = produced, failed
             profile.num_outputs = len(outputs)
             profiles.append(profile)
+        else:
+            raise TypeError(
+                f"profile_pipeline: stage {name} ({type(spec).__name__}) cannot be measured "
+                "alone; profile the pipes of each path as a pipeline of their own"
+            )
         if callback is not None:
             callback(profiles[-1].result())
         inputs = outputs

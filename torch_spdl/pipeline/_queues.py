@@ -57,7 +57,7 @@ class QueuePerfStats:
         return self.num_items / self.elapsed if self.elapsed > 0 else 0.0
 
 
-class AsyncQueue(asyncio.Queue):  # type: ignore[type-arg]
+class AsyncQueue(asyncio.Queue):
     """SPDL's base queue class: pass a subclass as ``build(queue_class=...)``.
 
     The engine makes one per stage boundary and enters :meth:`stage_hook` on the

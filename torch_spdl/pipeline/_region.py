@@ -316,6 +316,8 @@ class _Worker:
 class RegionStage(Node):
     """The stages of one ``to()`` region, run in worker processes (see the module notes)."""
 
+    inbox: Channel[Any]  # a stage always has an upstream (only the source has none)
+
     def __init__(
         self,
         name: str,
@@ -363,7 +365,7 @@ class RegionStage(Node):
 
     def _feed(self, worker: _Worker) -> None:
         counters = self.new_counters()
-        get, get_nowait = self.inbox.get, self.inbox.get_nowait  # type: ignore[union-attr]
+        get, get_nowait = self.inbox.get, self.inbox.get_nowait
         conn = worker.to_worker
         try:
             while (item := get()) is not EOF:

@@ -54,9 +54,11 @@ class SourceNode(Node):
     def _iterate_sync(self) -> None:
         counters = self.new_counters()
         put = self.outbox.put
+        source = self.source
+        assert isinstance(source, Iterable)  # run here only when not is_async
         error: BaseException | None = None
         try:
-            for item in self.source:  # type: ignore[union-attr]
+            for item in source:
                 put(item)
                 counters.num_out += 1
         except ChannelAborted:
@@ -77,9 +79,11 @@ class SourceNode(Node):
     async def _iterate_async(self) -> None:
         counters = self.new_counters()
         aput = self.outbox.aput
+        source = self.source
+        assert isinstance(source, AsyncIterable)  # run here only when is_async
         error: BaseException | None = None
         try:
-            async for item in self.source:  # type: ignore[union-attr]
+            async for item in source:
                 await aput(item)
                 counters.num_out += 1
         except ChannelAborted:

@@ -195,6 +195,7 @@ def _portable(config: Any) -> PipelineConfig:
     to_builder_config = getattr(config, "_to_builder_config", None)
     if to_builder_config is not None:
         config = to_builder_config()
+    # a _PoolSpec stands in for the executor only in transit; _child_pools swaps it back
     stages = [
         dataclasses.replace(s, executor=_PoolSpec(s.executor))  # type: ignore[arg-type]
         if isinstance(s, PipeConfig)
@@ -204,6 +205,15 @@ def _portable(config: Any) -> PipelineConfig:
         for s in config.stages
     ]
     return dataclasses.replace(config, stages=stages)
+
+
+def _pool_kind(executor: object) -> str | None:
+    """``"thread"`` or ``"process"`` for a stage's executor once made portable, else None."""
+    if isinstance(executor, _PoolSpec):
+        return executor.kind
+    if isinstance(executor, PriorityExecutorEntrypoint):
+        return executor.owner.kind
+    return None
 
 
 def _child_pools(config: PipelineConfig) -> tuple[PipelineConfig, list[Executor]]:
@@ -524,12 +534,7 @@ def run_pipeline_in_subprocess(
         config = config.get_config()
     child = _EpochChild(_portable(config), build_kwargs)
     has_process_pool = any(
-        isinstance(s, PipeConfig)
-        and "process"
-        in (
-            getattr(s.executor, "kind", None),
-            getattr(s.executor, "owner", None) and s.executor.owner.kind,
-        )
+        isinstance(s, PipeConfig) and _pool_kind(s.executor) == "process"
         for s in child.config.stages
     )
     kwargs = dict(

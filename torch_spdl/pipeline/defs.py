@@ -211,7 +211,8 @@ def Pipe(  # noqa: N802 (SPDL's name)
         output_order: ``"completion"`` or ``"input"``.
         max_failures: this stage's own failure limit (a count or a ``Fraction`` rate).
     """
-    builder = PipelineBuilder().add_source(())
+    builder: PipelineBuilder[Any, Any] = PipelineBuilder().add_source(())
+    # SPDL's signature takes any str for these; pipe() checks the value and raises
     builder.pipe(
         op,
         concurrency=concurrency,  # type: ignore[arg-type]

@@ -7,10 +7,11 @@ anywhere else; they start no thread.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import TypeGuard, TypeVar
 
 from ..pipeline import iterate_in_subprocess
+from ._types import IterableWithShuffle
 
 __all__ = ["MergeIterator", "embed_shuffle", "iterate_in_subprocess", "repeat_source"]
 
@@ -36,18 +37,24 @@ def repeat_source(src: Iterable[T], epoch: int = 0) -> Iterator[T]:
         epoch += 1
 
 
+def _has_shuffle(src: Iterable[T]) -> TypeGuard[IterableWithShuffle[T]]:
+    return callable(getattr(src, "shuffle", None))
+
+
 class _EmbeddedShuffle(Iterable[T]):
-    def __init__(self, src: Iterable[T], epoch: int) -> None:
+    def __init__(self, src: IterableWithShuffle[T], epoch: int) -> None:
         self.src = src
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[T]:
-        self.src.shuffle(seed=self.epoch)  # type: ignore[attr-defined]
+        self.src.shuffle(seed=self.epoch)
         self.epoch += 1
         return iter(self.src)
 
     def __len__(self) -> int:
-        return len(self.src)  # type: ignore[arg-type]
+        if not isinstance(self.src, Sized):
+            raise TypeError(f"object of type {type(self.src).__name__} has no len()")
+        return len(self.src)
 
 
 def embed_shuffle(src: Iterable[T], /, *, epoch: int = 0) -> Iterable[T]:
@@ -58,7 +65,7 @@ def embed_shuffle(src: Iterable[T], /, *, epoch: int = 0) -> Iterable[T]:
         src: an ``IterableWithShuffle`` (it has ``shuffle(seed=...)``).
         epoch: the seed of the first iteration.
     """
-    if not callable(getattr(src, "shuffle", None)):
+    if not _has_shuffle(src):
         raise TypeError(
             f"embed_shuffle needs a source with a shuffle(seed=...) method, got {src!r}"
         )
