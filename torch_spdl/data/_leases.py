@@ -18,10 +18,12 @@ that account for all the workers of a loader together:
 - An arena is free again when the batch viewing it is garbage (``release``, from a
   finalizer), or at once when its batch is discarded.
 - The pages of an arena stay in memory after its batch is freed, ready for the next batch
-  without a page fault; but only ``warm`` arenas keep them. Beyond that, an arena released
-  gives its pages back (``cool``, a hole punched in the shared file) and is reused last.
-  torch's loader makes fresh pages for every batch; without the limit, every arena would
-  stay resident, and the loader would hold more batches' worth of memory than torch's.
+  without a page fault; but only ``warm`` arenas keep them (one, in the loader: measured,
+  the batches of 4 workers at 9.6 MB each cost 35 MiB more peak memory when every worker
+  kept one warm). Beyond that, an arena released gives its pages back (``cool``, a hole
+  punched in the shared file) and is reused last. torch's loader makes fresh pages for
+  every batch; without the limit, every arena would stay resident, and the loader would
+  hold more batches' worth of memory than torch's.
 
 The memory that batches take is then what torch's loader takes, and no private copy of a
 batch exists beside its shared one.

@@ -55,6 +55,7 @@ __all__ = ["ProcessWorkers", "WorkerFailure"]
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
 _WATCHDOG_S = 5.0  # how often an idle worker checks that the loader's process still lives
 _HELD_BATCHES = 2  # arenas beyond the bound for the batches the training loop holds
+_WARM_ARENAS = 1  # arenas that keep their pages between batches (see _leases)
 ITERATE = -2
 """The ``split`` of a task that asks an iterable dataset's worker for its next batch."""
 
@@ -126,7 +127,7 @@ class ProcessWorkers:
         count = in_flight * num_workers + _HELD_BATCHES
         self._arenas = [Arena() for _ in range(count)] if shared else None
         cool = functools.partial(_cool, self._arenas or [])
-        self._leases = Leases(in_flight * num_workers, _HELD_BATCHES, num_workers, cool)
+        self._leases = Leases(in_flight * num_workers, _HELD_BATCHES, _WARM_ARENAS, cool)
         self._closed = False
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
         config = (
