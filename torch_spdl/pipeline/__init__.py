@@ -22,7 +22,7 @@ from ._plot import plot_trace
 from ._profile import ProfileReport, StageProfile, profile_pipeline
 from ._stats import StageStats
 from ._subprocess import SubprocessError, iterate_in_subprocess, run_pipeline_in_subprocess
-from ._trace import PipelineTrace, TraceSample, TraceSpan, export_chrome_trace
+from ._trace import PipelineTrace, TraceDecision, TraceSample, TraceSpan, export_chrome_trace
 
 __all__ = [
     "AggregateConfig",
@@ -47,6 +47,7 @@ __all__ = [
     "TaskHook",
     "TaskPerfStats",
     "TaskStatsHook",
+    "TraceDecision",
     "TraceSample",
     "TraceSpan",
     "build_pipeline",

@@ -12,6 +12,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from . import _autotune_memory
 from ._aggregate import AggregateStage, Aggregator, Collate, DisaggregateStage
 from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
@@ -55,6 +56,9 @@ class PipeConfig:
     queue_size: int | None = None
     max_concurrency: int | None = None
     initial_concurrency: int | None = None
+    # The stage id under which an autotuned stage's setting is kept for the next build of
+    # this declaration (docs/autotune.md, "Keeping what was learnt").
+    tune_key: int = field(default_factory=_autotune_memory.new_stage_id, compare=False)
 
     @property
     def kind(self) -> OpKind:
@@ -186,8 +190,9 @@ class PipelineBuilder(Generic[T, U]):
         ``queue_size`` sets the capacity of this stage's input queue.
         ``concurrency="auto"`` lets the pipeline choose and adapt it while running, from 1
         up to ``max_concurrency`` (default 64 threads, 256 coroutines), starting at
-        ``initial_concurrency`` (default 1; say, what an earlier run settled on); see
-        ``build``'s ``cpu_budget`` and ``memory_limit``.
+        ``initial_concurrency`` (default: where the tuner left this stage in the last build
+        of this builder in this process, else 1); see ``build``'s ``cpu_budget`` and
+        ``memory_limit``. An ``int`` concurrency is always used exactly.
         """
         _, kind = classify_op(op)
         if concurrency != "auto" and (not isinstance(concurrency, int) or concurrency < 1):
@@ -414,13 +419,15 @@ def build_pipeline(
         else:
             op, kind = classify_op(spec.op)
             own_limit = spec.max_failures is not None
+            start = spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or 1
             common = dict(
-                workers=min(spec.initial_concurrency or 1, workers[i]) if spec.auto else workers[i],
+                workers=min(start, workers[i]) if spec.auto else workers[i],
                 ordered=spec.output_order == "input",
                 max_failures=spec.max_failures if own_limit else -1,
                 max_workers=workers[i] if spec.auto else None,
                 budget=None if own_limit else shared_budget,
                 hooks=hooks,
+                tune_key=spec.tune_key if spec.auto else None,
             )
             if kind.is_async:
                 node: Node = AsyncStage(name, op, kind, inbox, outbox, **common)
