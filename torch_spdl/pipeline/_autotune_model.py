@@ -13,10 +13,14 @@ answer at once: to sustain a rate ``L`` a stage whose item takes ``w`` seconds n
   upstream) demand the autotuned stages cannot change;
 - the current rate, when the consumer is the limit already (the sink is full).
 
-So a stage that only waits (``w`` large, CPU tiny) goes straight to its bound, and one that
-burns CPU to about the cores the budget allows (``n * cpu / w`` cores). Rates are compared
-in the units of the first measured stage, so ``aggregate`` in between (a batch per 32
-items) is accounted for. Pure functions: no clock, no thread.
+A stage that burns CPU goes to about the cores the budget allows (``n * cpu / w`` cores). A
+stage that only waits (its op on the CPU less than :data:`WAITS` of its wall time) is sized
+for what the rest can take (Little's law with the others' new rate, a quarter to spare), or
+goes straight to its bound when nothing else limits it: the per-item CPU measured at one
+worker overstates what items cost at a high rate (wake-ups amortise), and the controller
+judges the step like any trial, scaling it back if the process goes over the budget.
+Rates are compared in the units of the first measured stage, so ``aggregate`` in between
+(a batch per 32 items) is accounted for. Pure functions: no clock, no thread.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["HOP_CPU_S", "StageCost", "model_targets"]
+__all__ = ["HOP_CPU_S", "WAITS", "StageCost", "model_targets"]
 
 # The engine's own CPU per item per stage (take, hand off, count), beyond what the op's
 # meter sees: on the 2-core development machine a 5 ms sleeping stage uses 16-25 us of
@@ -34,6 +38,8 @@ __all__ = ["HOP_CPU_S", "StageCost", "model_targets"]
 HOP_CPU_S = 10e-6
 # The sink is this full (or fuller): the consumer sets the pace, nothing to gain.
 _CONSUMER_BOUND = 0.9
+# A stage whose op spends less than this share of its wall time on the CPU only waits.
+WAITS = 0.1
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,7 @@ def model_targets(
     budget: float,
     sink_occupancy: float = 0.0,
     hop_cpu: float = HOP_CPU_S,
+    count_outside: bool = True,
 ) -> dict[str, tuple[int, str]]:
     """``{stage: (concurrency, reason)}`` for the tunable stages the model can size.
 
@@ -64,43 +71,68 @@ def model_targets(
         cpu_used: the process's CPU over the window, in cores (seconds per second).
         budget: the CPU budget in cores.
         sink_occupancy: how full the sink was (0-1).
+        count_outside: hold the CPU the process used outside the stages as spent (False
+            at start-up, when that CPU is the pipeline starting).
     """
-    known = [c for c in costs if c.rate > 0 and c.wall is not None]
+    known = [c for c in costs if c.rate > 0 and c.wall]
     if not known:
         return {}
     ref = known[0].rate
     flow = {c.name: c.rate / ref for c in known}  # stage items per reference item
     in_stages = sum(c.rate * ((c.cpu or 0.0) + hop_cpu) for c in known)
-    outside = max(0.0, cpu_used - in_stages)
+    outside = max(0.0, cpu_used - in_stages) if count_outside else 0.0
     per_item = sum(flow[c.name] * ((c.cpu or 0.0) + hop_cpu) for c in known)
     affordable = max(budget - outside, 0.0) / per_item if per_item > 0 else math.inf
-    target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
+    # What the autotuned stages cannot change: fixed stages and the consumer.
+    demand, demand_why = math.inf, ""
     for c in known:
-        if c.tunable or not c.wall:
-            continue
-        can = c.concurrency / (c.wall * flow[c.name])
-        if can < target:
-            target, why = can, f"fixed stage {c.name} does {can:,.0f}/s"
-    if sink_occupancy >= _CONSUMER_BOUND and ref < target:
-        target, why = ref, f"the consumer takes {ref:,.0f}/s"
+        if not c.tunable:
+            can = c.concurrency / (c.wall * flow[c.name])  # type: ignore[operator]
+            if can < demand:
+                demand, demand_why = can, f"fixed stage {c.name} does {can:,.0f}/s"
+    if sink_occupancy >= _CONSUMER_BOUND and ref < demand:
+        demand, demand_why = ref, f"the consumer takes {ref:,.0f}/s"
     out: dict[str, tuple[int, str]] = {}
+    waiting: list[StageCost] = []
     for c in known:
         if not c.tunable:
             continue
         assert c.wall is not None
-        need = flow[c.name] * target * c.wall  # Little's law: items in flight
-        n = c.bound if math.isinf(need) else math.ceil(need - 1e-9)
+        share = None if c.cpu is None else c.cpu / c.wall
+        if share is not None and share < WAITS:
+            waiting.append(c)
+            continue
+        target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
+        if demand < target:
+            target, why = demand, demand_why
+        n = math.ceil(flow[c.name] * target * c.wall - 1e-9)  # Little's law
         reason = f"{c.wall * 1e3:.2f} ms/item"
-        if c.cpu is not None and c.wall > 0:
-            reason += f", {c.cpu / c.wall:.0%} on the CPU"
-            busy = c.cpu / c.wall  # cores one worker keeps busy
-            if busy > 0:
-                cap = max(1, math.floor(budget / busy + 1e-9))
-                if cap < n:
-                    n, why_c = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"
-                    out[c.name] = (max(1, min(n, c.bound)), f"{reason}; {why_c}")
-                    continue
+        if share is not None and share > 0:
+            reason += f", {share:.0%} on the CPU"
+            cap = max(1, math.floor(budget / share + 1e-9))  # the cores the budget allows
+            if cap < n:
+                n, why = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"
         n = max(1, min(n, c.bound))
-        bound = " (its bound)" if n == c.bound else ""
-        out[c.name] = (n, f"{reason}; {why}; x {c.wall * 1e3:.2f} ms = {n}{bound}")
+        out[c.name] = (n, f"{reason}; {why}; Little's law: {n}")
+    # A stage that only waits costs (almost) no CPU: it is sized for what the rest of the
+    # pipeline can take, with a quarter to spare, or goes to its bound when nothing limits.
+    for c in out_stages(known, out):
+        can = c[1] / (c[0].wall * flow[c[0].name])  # type: ignore[operator]
+        if can < demand:
+            demand, demand_why = can, f"stage {c[0].name} at {c[1]} does {can:,.0f}/s"
+    for c in waiting:
+        assert c.wall is not None and c.cpu is not None
+        reason = f"{c.wall * 1e3:.2f} ms/item, {c.cpu / c.wall:.0%} on the CPU: it waits"
+        if math.isinf(demand):
+            out[c.name] = (c.bound, f"{reason}; nothing else limits: its bound {c.bound}")
+            continue
+        n = max(1, min(c.bound, math.ceil(1.25 * flow[c.name] * demand * c.wall)))
+        out[c.name] = (n, f"{reason}; {demand_why}; Little's law with 25% spare: {n}")
     return out
+
+
+def out_stages(
+    known: Sequence[StageCost], out: dict[str, tuple[int, str]]
+) -> list[tuple[StageCost, int]]:
+    """The sized stages that burn CPU, with their new concurrency."""
+    return [(c, out[c.name][0]) for c in known if c.name in out]

@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_CPU_BUDGET",
     "DEFAULT_MAX_COROUTINES",
     "DEFAULT_MAX_THREADS",
+    "DEFAULT_START",
     "AutotuneConfig",
     "AutotuneController",
     "AutotuneSample",
@@ -44,6 +45,9 @@ _LG = logging.getLogger("torch_spdl.pipeline.autotune")
 DEFAULT_CPU_BUDGET = 0.4
 DEFAULT_MAX_THREADS = 64
 DEFAULT_MAX_COROUTINES = 256
+# Where an autotuned stage starts: enough workers for the first items (what the model
+# measures) to come quickly, few enough to cost nothing for the few ms before the model.
+DEFAULT_START = 4
 
 
 @dataclass(frozen=True)
@@ -76,7 +80,7 @@ class AutotuneConfig:
     cpu_tolerance: float = 0.1
     bottleneck_margin: float = 0.2
     model: bool = True
-    model_interval: float = 0.01
+    model_interval: float = 0.005
     model_items: int = 2
     model_ticks: int = 30
     remodel_factor: float = 1.25
@@ -165,6 +169,7 @@ class AutotuneController:
         self._trimmed: set[str] = set()  # stages whose trim was tried at this configuration
         self._undo: list[tuple[str, int]] = []  # kept growths, newest last
         self._ceiling: dict[str, int] = {}  # a concurrency known not to help, per stage
+        self._unmodelled: set[str] = set()  # stages whose model step failed: climb only
         self._conc: dict[str, int] = {}
         self._drifted = 0
         self._over_windows = 0
@@ -278,13 +283,16 @@ class AutotuneController:
             )
         return costs, cpu_cores * self.cores
 
-    def _model_changes(self, window: list[AutotuneSample]) -> dict[str, tuple[int, str]]:
+    def _model_changes(
+        self, window: list[AutotuneSample], *, start: bool = False
+    ) -> dict[str, tuple[int, str]]:
         costs, cpu_cores = self._costs(window)
         targets = model_targets(
             costs,
             cpu_used=cpu_cores,
             budget=self.config.cpu_budget * self.cores,
             sink_occupancy=window[-1].stages[-1].out_occupancy if window[-1].stages else 0.0,
+            count_outside=not start,
         )
         return {
             name: (min(n, self._ceiling.get(name, n + 1) - 1) if name in self._ceiling else n, why)
@@ -297,7 +305,8 @@ class AutotuneController:
             self._note(f"model ({why}): over the memory limit, no jump")
             return {}
         changes: dict[str, int] = {}
-        for name, (n, reason) in self._model_changes(window).items():
+        start = why == "first items"
+        for name, (n, reason) in self._model_changes(window, start=start).items():
             old = self._conc.get(name, 1)
             n = max(1, n)
             if n == old:
@@ -341,6 +350,8 @@ class AutotuneController:
         changes: dict[str, int] = {}
         for name, (n, reason) in self._model_changes(self._last).items():
             old = self._conc.get(name, 1)
+            if name in self._unmodelled:
+                continue
             if n >= factor * old or (n > old and n - old >= 8 and n >= 1.25 * old):
                 changes[name] = n
                 self._trial[name] = (old, n)
@@ -398,8 +409,10 @@ class AutotuneController:
         self._trial, self._jump = {}, False
         gain = (tput - self._base) / self._base if self._base > 0 else (1.0 if tput > 0 else 0.0)
         within = cpu <= self.config.cpu_budget and not self._over_memory(rss)
-        if jump and not self._over_memory(rss) and cpu > self.config.cpu_budget:
-            return self._scale_back(trial, tput, cpu)
+        if jump and not self._over_memory(rss):
+            if self._over(cpu, rss):
+                return self._scale_back(trial, tput, cpu)
+            within = True  # the model's step may use the tolerance band, as a held one does
         if gain > self.config.min_gain and within:
             what = (
                 "the model's step" if jump else ", ".join(f"{k}={n}" for k, (_, n) in trial.items())
@@ -415,10 +428,17 @@ class AutotuneController:
             self._trimmed.clear()
             self.phase = "baseline"
             return self._decide(cpu, rss, latest)
-        why = f"gain {gain:+.0%}" if within else f"over budget (CPU {cpu:.0%})"
+        if within:
+            why = f"gain {gain:+.0%}"
+        elif self._over_memory(rss):
+            why = f"over the memory limit (RSS {rss} bytes)"
+        else:
+            why = f"over budget (CPU {cpu:.0%})"
         revert: dict[str, int] = {}
         for name, (old, new) in trial.items():
             self._note(f"revert {name} to {old}: {why}", name, old)
+            if jump:  # the model was wrong about this stage: the climb takes it from here
+                self._unmodelled.add(name)
             # Over budget: the limit lies between old and new, so bisect towards it later. No
             # gain from old to new: throughput is concave in concurrency, so nothing in
             # between gains either; the stage is saturated at old (no bisection trials).
@@ -445,9 +465,15 @@ class AutotuneController:
                 continue
             n = max(old, min(new - 1, math.floor(new * ratio)))
             self._ceiling[name] = min(new, self._ceiling.get(name, new))
+            self._unmodelled.add(name)
             if n != new:
                 changes[name] = n
-                self._note(f"scale {name} back: {new} -> {n} (CPU {cpu:.0%} over budget)", name, n)
+                self._note(
+                    f"scale {name} back: {new} -> {n} "
+                    f"(CPU {cpu:.0%}, over the budget of {self.config.cpu_budget:.0%})",
+                    name,
+                    n,
+                )
         self._base = tput * ratio
         self.phase = "baseline"
         return self._apply(changes)
@@ -500,7 +526,7 @@ class AutotuneController:
         self._drifted = self._drifted + 1 if shift > self.config.drift else 0
         if not self._drifted:
             return {}
-        model = self._model_changes(self._last) if self.config.model else {}
+        model = self._model_changes(self._last[-1:]) if self.config.model else {}
         factor = self.config.remodel_factor
         far = any(
             n >= factor * self._conc.get(name, n) or n * factor <= self._conc.get(name, n)
@@ -510,11 +536,14 @@ class AutotuneController:
             return {}
         self._note(f"workload changed: {base:.1f} -> {tput:.1f}/s; explore again")
         self._ceiling.clear()
+        self._unmodelled.clear()
         self._trimmed.clear()
         self._base = tput
         self.phase = "baseline"
         if far:
-            changes = self._jump_to_model(self._last, "workload changed")
+            # The window may straddle the change: its last tick is the new workload.
+            self._base = latest.throughput
+            changes = self._jump_to_model(self._last[-1:], "workload changed")
             if changes:
                 return changes
         return self._decide(cpu, rss, latest)

@@ -15,7 +15,7 @@ from typing import Any, Generic, Literal, TypeVar
 from . import _autotune_memory
 from ._aggregate import AggregateStage, Aggregator, Collate, DisaggregateStage
 from ._async_stage import AsyncStage
-from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
+from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, DEFAULT_START, AutotuneConfig
 from ._background import BackgroundTaskFactory
 from ._channel import Channel
 from ._failures import FailureBudget, MaxFailures, check_max_failures
@@ -191,7 +191,8 @@ class PipelineBuilder(Generic[T, U]):
         ``concurrency="auto"`` lets the pipeline choose and adapt it while running, from 1
         up to ``max_concurrency`` (default 64 threads, 256 coroutines), starting at
         ``initial_concurrency`` (default: where the tuner left this stage in the last build
-        of this builder in this process, else 1); see ``build``'s ``cpu_budget`` and
+        of this builder in this process, else 4, so that its first items, which the tuner
+        measures, come quickly); see ``build``'s ``cpu_budget`` and
         ``memory_limit``. An ``int`` concurrency is always used exactly.
         """
         _, kind = classify_op(op)
@@ -419,7 +420,9 @@ def build_pipeline(
         else:
             op, kind = classify_op(spec.op)
             own_limit = spec.max_failures is not None
-            start = spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or 1
+            start = (
+                spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or DEFAULT_START
+            )
             common = dict(
                 workers=min(start, workers[i]) if spec.auto else workers[i],
                 ordered=spec.output_order == "input",
