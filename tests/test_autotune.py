@@ -752,3 +752,49 @@ def test_chrome_trace_of_synthetic_decisions() -> None:
         "concurrency": None,
         "reason": "at the CPU budget (41%): hold",
     }
+
+
+def test_a_floor_is_never_crossed() -> None:
+    # Over the CPU budget from the start (a fixed stage burns it): the tuner shrinks what
+    # it owns, but never below the stage's min_concurrency.
+    model = Model({"io": latency(100), "cpu": flat(10_000)}, tunable=("io",), cpu=lambda c, t: 0.9)
+    model.conf["io"] = 16
+
+    def sample() -> AutotuneSample:
+        base = Model.sample(model)
+        stages = tuple(
+            StageSample(
+                s.name,
+                s.concurrency,
+                MAX,
+                s.tunable,
+                s.in_occupancy,
+                s.out_occupancy,
+                min_concurrency=8 if s.name == "io" else 1,
+            )
+            for s in base.stages
+        )
+        return AutotuneSample(base.throughput, base.cpu, base.rss, stages)
+
+    model.sample = sample  # type: ignore[method-assign]
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    history = run(ctl, model, 200)
+    assert min(h["io"] for h in history) == 8
+    assert any("at its least" in d for d in ctl.decisions)
+
+
+def test_min_concurrency_is_where_an_autotuned_stage_starts_at_least() -> None:
+    def build(**kw: int):  # noqa: ANN202
+        return (
+            PipelineBuilder()
+            .add_source(range(20))
+            .pipe(str, concurrency="auto", max_concurrency=16, **kw)
+            .build(cpu_budget=1.0)
+        )
+
+    assert build(min_concurrency=10).get_stats()[1].concurrency == 10
+    assert build(min_concurrency=2, initial_concurrency=5).get_stats()[1].concurrency == 5
+    with pytest.raises(ValueError, match="min_concurrency is the least an autotuned stage"):
+        PipelineBuilder().add_source([1]).pipe(str, concurrency=2, min_concurrency=2)
+    with pytest.raises(ValueError, match="above max_concurrency"):
+        build(min_concurrency=17)

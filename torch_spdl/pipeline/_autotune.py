@@ -103,6 +103,9 @@ class TunableStage(Protocol):
     def bound(self) -> int: ...
 
     @property
+    def floor(self) -> int: ...
+
+    @property
     def finished(self) -> bool: ...
 
     def set_concurrency(self, n: int) -> int: ...
@@ -207,6 +210,7 @@ class Autotuner:
                     items=b.items - a.items,
                     busy=b.busy - a.busy,
                     cpu_busy=cpu,
+                    min_concurrency=s.floor,
                 )
             )
         return AutotuneSample(

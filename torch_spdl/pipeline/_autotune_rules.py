@@ -110,7 +110,8 @@ class AutotuneConfig:
 class StageSample:
     """One stage over one tick. Occupancies are 0 (empty) to 1 (full).
 
-    ``measured`` says whether the cost fields are filled: ``items`` finished over the tick,
+    ``min_concurrency`` is the least the tuner may set. ``measured`` says whether the
+    cost fields are filled: ``items`` finished over the tick,
     ``busy`` wall seconds and ``cpu_busy`` CPU seconds (None: not measured) inside the op
     for them, summed over workers.
     """
@@ -125,6 +126,7 @@ class StageSample:
     items: int = 0
     busy: float = 0.0
     cpu_busy: float | None = None
+    min_concurrency: int = 1  # the least the stage may run
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,7 @@ class AutotuneController:
         self._ceiling: dict[str, int] = {}  # a concurrency known not to help, per stage
         self._unmodelled: set[str] = set()  # stages whose model step failed: climb only
         self._conc: dict[str, int] = {}
+        self._floor: dict[str, int] = {}
         self._drifted = 0
         self._over_windows = 0
         self.decisions: list[str] = []  # what was decided and why, as text
@@ -197,6 +200,7 @@ class AutotuneController:
         """Take one tick's sample; return ``{stage name: new concurrency}`` to apply."""
         for s in sample.stages:
             self._conc.setdefault(s.name, s.concurrency)
+            self._floor[s.name] = s.min_concurrency
         if self.phase == "model":
             changes = self._model_step(sample)
             if self.phase == "model" or changes:
@@ -294,10 +298,12 @@ class AutotuneController:
             sink_occupancy=window[-1].stages[-1].out_occupancy if window[-1].stages else 0.0,
             count_outside=not start,
         )
-        return {
-            name: (min(n, self._ceiling.get(name, n + 1) - 1) if name in self._ceiling else n, why)
-            for name, (n, why) in targets.items()
-        }
+        out = {}
+        for name, (n, why) in targets.items():
+            if name in self._ceiling:
+                n = min(n, self._ceiling[name] - 1)
+            out[name] = (max(n, self._floor.get(name, 1)), why)
+        return out
 
     def _jump_to_model(self, window: list[AutotuneSample], why: str) -> dict[str, int]:
         """Size every measured autotuned stage by the model, as one trial."""
@@ -369,14 +375,16 @@ class AutotuneController:
         stages = [
             s
             for s in latest.stages
-            if s.tunable and s.name not in self._trimmed and self._conc.get(s.name, 1) > 1
+            if s.tunable
+            and s.name not in self._trimmed
+            and self._conc.get(s.name, 1) > s.min_concurrency
         ]
         if not stages:
             return None
         s = min(stages, key=lambda s: s.in_occupancy)
         self._trimmed.add(s.name)
         cur = self._conc.get(s.name, s.concurrency)
-        return s.name, cur, cur - max(1, cur // 4)
+        return s.name, cur, max(s.min_concurrency, cur - max(1, cur // 4))
 
     def _propose(self, latest: AutotuneSample) -> tuple[str, int, int] | None:
         """The bottleneck among tunable stages and the concurrency to try for it."""
@@ -486,9 +494,13 @@ class AutotuneController:
         if self._undo:
             name, prev = self._undo.pop()
         else:
-            tunable = [s for s in latest.stages if s.tunable and self._conc.get(s.name, 1) > 1]
+            tunable = [
+                s
+                for s in latest.stages
+                if s.tunable and self._conc.get(s.name, 1) > s.min_concurrency
+            ]
             if not tunable:
-                self._note(f"over budget ({what}) with every tunable stage at 1: hold")
+                self._note(f"over budget ({what}) with every tunable stage at its least: hold")
                 return self._hold()
 
             def load(s: StageSample) -> tuple[float, int]:
@@ -499,7 +511,7 @@ class AutotuneController:
             name = top.name
             cur = self._conc.get(name, top.concurrency)
             factor = 0.5 if memory or cpu <= 0 else self.config.cpu_budget / cpu
-            prev = max(1, min(cur - 1, math.floor(cur * factor)))
+            prev = max(top.min_concurrency, 1, min(cur - 1, math.floor(cur * factor)))
         cur = self._conc.get(name, prev)
         self._ceiling[name] = min(cur, self._ceiling.get(name, cur))
         self._note(f"shrink {name}: {cur} -> {prev} (over budget: {what})", name, prev)

@@ -251,11 +251,13 @@ class OpStage(Node):
         budget: FailureBudget | None = None,
         hooks: Sequence[TaskHook] = (),
         tune_key: Hashable | None = None,
+        min_workers: int = 1,
     ) -> None:
         super().__init__(
             name, inbox, outbox, workers=workers, max_failures=max_failures, budget=budget
         )
         self.tune_key = tune_key
+        self.min_workers = min_workers  # the least an autotuned stage runs
         self.meter: StageMeter | None = None
         self.hooks = list(hooks)
         self._stage_stack: contextlib.AsyncExitStack | None = None
@@ -286,6 +288,10 @@ class OpStage(Node):
     def bound(self) -> int:
         return self.most_workers
 
+    @property
+    def floor(self) -> int:
+        return self.min_workers
+
     def bind(self, runtime: Runtime) -> None:
         super().bind(runtime)
         # Meter an autotuned op on our own workers (an executor's op may have to pickle).
@@ -310,11 +316,12 @@ class OpStage(Node):
         return StageReading(items, busy, cpu, _queue(self.inbox), _queue(self.outbox))
 
     def set_concurrency(self, n: int) -> int:
-        """Allow ``n`` workers (clamped to 1..max_workers); returns the value applied."""
+        """Allow ``n`` workers (clamped to min_workers..max_workers); returns the value
+        applied."""
         if not self.auto:
             raise RuntimeError(f"stage {self.name!r} has a fixed concurrency")
         assert self.max_workers is not None
-        n = max(1, min(int(n), self.max_workers))
+        n = max(self.min_workers, 1, min(int(n), self.max_workers))
         self._resize(n)
         return n
 
