@@ -14,7 +14,8 @@ answer at once: to sustain a rate ``L`` a stage whose item takes ``w`` seconds n
 - the current rate, when the consumer is the limit already (the sink is full).
 
 A stage that burns CPU goes to about the cores the budget allows (``n * cpu / w`` cores). A
-stage that only waits (its op on the CPU less than :data:`WAITS` of its wall time) is sized
+stage that only waits (its op on the CPU less than :data:`WAITS` of its wall time, and using
+little of the budget in all: :data:`WAITING_CORES`) is sized
 for what the rest can take (Little's law with the others' new rate, a quarter to spare), or
 goes straight to its bound when nothing else limits it: the per-item CPU measured at one
 worker overstates what items cost at a high rate (wake-ups amortise), and the controller
@@ -38,8 +39,12 @@ __all__ = ["HOP_CPU_S", "WAITS", "StageCost", "model_targets"]
 HOP_CPU_S = 10e-6
 # The sink is this full (or fuller): the consumer sets the pace, nothing to gain.
 _CONSUMER_BOUND = 0.9
-# A stage whose op spends less than this share of its wall time on the CPU only waits.
+# A stage whose op spends less than this share of its wall time on the CPU only waits...
 WAITS = 0.1
+# ... unless it uses this share of the CPU budget all the same: then its threads wait for
+# cores, not for I/O (on a machine busy with other work, a CPU-bound op runs a fraction of
+# its wall time), and more of them would only wait longer.
+WAITING_CORES = 0.25
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,7 @@ def model_targets(
             continue
         assert c.wall is not None
         share = None if c.cpu is None else c.cpu / c.wall
-        if share is not None and share < WAITS:
+        if share is not None and share < WAITS and c.rate * c.cpu < WAITING_CORES * budget:  # type: ignore[operator]
             waiting.append(c)
             continue
         target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"

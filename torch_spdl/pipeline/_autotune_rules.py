@@ -168,6 +168,8 @@ class AutotuneController:
         self._base = 0.0  # throughput of the configuration held
         self._trial: dict[str, tuple[int, int]] = {}  # stage: (old, new)
         self._jump = False  # the trial is the model's joint step
+        self._unjudged = False  # ... taken in the model phase: kept unless over a budget
+        self._model_why = "first items"
         self._trimmed: set[str] = set()  # stages whose trim was tried at this configuration
         self._undo: list[tuple[str, int]] = []  # kept growths, newest last
         self._ceiling: dict[str, int] = {}  # a concurrency known not to help, per stage
@@ -259,9 +261,12 @@ class AutotuneController:
         if not ready and len(self._window) < self.config.model_ticks:
             return {}
         window, self._window = self._window, []
-        self._base = sum(s.throughput for s in window) / len(window)
+        if self._model_why == "first items":
+            self._base = sum(s.throughput for s in window) / len(window)
         self.phase = "baseline"
-        return self._jump_to_model(window, "first items")
+        changes = self._jump_to_model(window, self._model_why)
+        self._unjudged = bool(changes)  # short ticks measure costs well, throughput not
+        return changes
 
     def _costs(self, window: list[AutotuneSample]) -> tuple[list[StageCost], float]:
         """Per-stage costs over ``window``, and the process's CPU over it in cores."""
@@ -413,19 +418,24 @@ class AutotuneController:
     def _judge(
         self, tput: float, cpu: float, rss: int | None, latest: AutotuneSample
     ) -> dict[str, int]:
-        trial, jump = self._trial, self._jump
-        self._trial, self._jump = {}, False
+        trial, jump, unjudged = self._trial, self._jump, self._unjudged
+        self._trial, self._jump, self._unjudged = {}, False, False
         gain = (tput - self._base) / self._base if self._base > 0 else (1.0 if tput > 0 else 0.0)
         within = cpu <= self.config.cpu_budget and not self._over_memory(rss)
         if jump and not self._over_memory(rss):
             if self._over(cpu, rss):
                 return self._scale_back(trial, tput, cpu)
             within = True  # the model's step may use the tolerance band, as a held one does
+            if unjudged:  # its base was a few short ticks: noise, not a rate to beat
+                gain = max(gain, self.config.min_gain * 2)
         if gain > self.config.min_gain and within:
             what = (
                 "the model's step" if jump else ", ".join(f"{k}={n}" for k, (_, n) in trial.items())
             )
-            self._note(f"keep {what}: {self._base:.1f} -> {tput:.1f}/s ({gain:+.0%})")
+            if unjudged:
+                self._note(f"keep {what}: {tput:.1f}/s within the budgets")
+            else:
+                self._note(f"keep {what}: {self._base:.1f} -> {tput:.1f}/s ({gain:+.0%})")
             self._base = tput
             for name, (old, new) in trial.items():
                 if new < old:  # growing back is known to be worse: the stage's ceiling now
@@ -538,24 +548,20 @@ class AutotuneController:
         self._drifted = self._drifted + 1 if shift > self.config.drift else 0
         if not self._drifted:
             return {}
-        model = self._model_changes(self._last[-1:]) if self.config.model else {}
-        factor = self.config.remodel_factor
-        far = any(
-            n >= factor * self._conc.get(name, n) or n * factor <= self._conc.get(name, n)
-            for name, (n, _) in model.items()
-        )
-        if self._drifted < self.config.drift_windows and not far:
+        modelled = self.config.model and any(s.measured for s in latest.stages if s.tunable)
+        if self._drifted < self.config.drift_windows and not modelled:
             return {}
         self._note(f"workload changed: {base:.1f} -> {tput:.1f}/s; explore again")
         self._ceiling.clear()
         self._unmodelled.clear()
         self._trimmed.clear()
         self._base = tput
+        if modelled:
+            # Measure the items' costs afresh (short ticks, all after the change: the window
+            # just seen may straddle it), then size by the model; a shift that was noise
+            # leaves the model where it was, at the cost of a few short ticks.
+            self.phase = "model"
+            self._model_why = "workload changed"
+            return {}
         self.phase = "baseline"
-        if far:
-            # The window may straddle the change: its last tick is the new workload.
-            self._base = latest.throughput
-            changes = self._jump_to_model(self._last[-1:], "workload changed")
-            if changes:
-                return changes
         return self._decide(cpu, rss, latest)
