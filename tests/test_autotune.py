@@ -798,3 +798,20 @@ def test_min_concurrency_is_where_an_autotuned_stage_starts_at_least() -> None:
         PipelineBuilder().add_source([1]).pipe(str, concurrency=2, min_concurrency=2)
     with pytest.raises(ValueError, match="above max_concurrency"):
         build(min_concurrency=17)
+
+
+def test_threads_waiting_for_cores_are_not_taken_for_waiting_on_io() -> None:
+    # A CPU-bound op on 2 cores: with more threads than cores each item waits for a core,
+    # so its wall time grows and its CPU share falls. The model sizes it from the share it
+    # saw least contended (whatever trials measured since): 2 workers, however long the run.
+    model = Costed(
+        {"cpu": cores(1000, 2)},
+        {"cpu": lambda c: 0.001 * max(1.0, c / 2)},
+        {"cpu": 0.001},
+        cores=2,
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
+    history = run(ctl, model, 300)
+    assert history[2]["cpu"] == 2, ctl.decisions
+    assert all(h["cpu"] == 2 for h in history[-100:])
+    assert not any(d.startswith("model") and "-> 4" in d for d in ctl.decisions)

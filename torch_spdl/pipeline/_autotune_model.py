@@ -58,6 +58,7 @@ class StageCost:
     rate: float  # items finished per second
     wall: float | None  # seconds per item inside the op (None: no item finished)
     cpu: float | None  # CPU seconds per item inside the op (None: not measured)
+    least_wall: float | None = None  # the least wall per item seen so far (least contended)
 
 
 def model_targets(
@@ -114,7 +115,11 @@ def model_targets(
         reason = f"{c.wall * 1e3:.2f} ms/item"
         if share is not None and share > 0:
             reason += f", {share:.0%} on the CPU"
-            cap = max(1, math.floor(budget / share + 1e-9))  # the cores the budget allows
+            # The cores the budget allows, from the share seen least contended: threads that
+            # wait for a core look less busy, and more of them would only wait longer.
+            assert c.cpu is not None
+            top = max(share, c.cpu / c.least_wall if c.least_wall else share)
+            cap = max(1, math.floor(budget / top + 1e-9))
             if cap < n:
                 n, why = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"
         n = max(1, min(n, c.bound))

@@ -176,6 +176,7 @@ class AutotuneController:
         self._unmodelled: set[str] = set()  # stages whose model step failed: climb only
         self._conc: dict[str, int] = {}
         self._floor: dict[str, int] = {}
+        self._least_wall: dict[str, float] = {}  # per stage, over the model's windows
         self._drifted = 0
         self._over_windows = 0
         self.decisions: list[str] = []  # what was decided and why, as text
@@ -274,11 +275,14 @@ class AutotuneController:
         total = sum(seconds)
         cpu_cores = sum(s.cpu * t for s, t in zip(window, seconds, strict=True)) / total
         costs = []
+        least = self._least_wall
         for i, s in enumerate(window[-1].stages):
             items = sum(w.stages[i].items for w in window)
             busy = sum(w.stages[i].busy for w in window)
             cpus = [w.stages[i].cpu_busy for w in window]
             cpu = None if any(c is None for c in cpus) or not items else sum(cpus) / items  # type: ignore[arg-type]
+            if items and s.measured:
+                least[s.name] = min(least.get(s.name, math.inf), busy / items)
             costs.append(
                 StageCost(
                     name=s.name,
@@ -288,6 +292,7 @@ class AutotuneController:
                     rate=items / total if s.measured else 0.0,
                     wall=busy / items if items and s.measured else None,
                     cpu=cpu if s.measured else None,
+                    least_wall=least.get(s.name),
                 )
             )
         return costs, cpu_cores * self.cores
@@ -555,6 +560,7 @@ class AutotuneController:
         self._ceiling.clear()
         self._unmodelled.clear()
         self._trimmed.clear()
+        self._least_wall.clear()
         self._base = tput
         if modelled:
             # Measure the items' costs afresh (short ticks, all after the change: the window
