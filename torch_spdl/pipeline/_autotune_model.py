@@ -126,10 +126,12 @@ def model_targets(
         out[c.name] = (n, f"{reason}; {why}; Little's law: {n}")
     # A stage that only waits costs (almost) no CPU: it is sized for what the rest of the
     # pipeline can take, with a quarter to spare, or goes to its bound when nothing limits.
-    for c in out_stages(known, out):
-        can = c[1] / (c[0].wall * flow[c[0].name])  # type: ignore[operator]
-        if can < demand:
-            demand, demand_why = can, f"stage {c[0].name} at {c[1]} does {can:,.0f}/s"
+    for c in known:
+        if c.name in out:  # a stage that burns CPU, at its new concurrency
+            n = out[c.name][0]
+            can = n / (c.wall * flow[c.name])  # type: ignore[operator]
+            if can < demand:
+                demand, demand_why = can, f"stage {c.name} at {n} does {can:,.0f}/s"
     for c in waiting:
         assert c.wall is not None and c.cpu is not None
         reason = f"{c.wall * 1e3:.2f} ms/item, {c.cpu / c.wall:.0%} on the CPU: it waits"
@@ -139,10 +141,3 @@ def model_targets(
         n = max(1, min(c.bound, math.ceil(1.25 * flow[c.name] * demand * c.wall)))
         out[c.name] = (n, f"{reason}; {demand_why}; Little's law with 25% spare: {n}")
     return out
-
-
-def out_stages(
-    known: Sequence[StageCost], out: dict[str, tuple[int, str]]
-) -> list[tuple[StageCost, int]]:
-    """The sized stages that burn CPU, with their new concurrency."""
-    return [(c, out[c.name][0]) for c in known if c.name in out]
