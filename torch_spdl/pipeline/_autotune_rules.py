@@ -381,13 +381,17 @@ class AutotuneController:
     def _propose_trim(self, latest: AutotuneSample) -> tuple[str, int, int] | None:
         """Nothing left to grow: try a quarter less of the tunable stage that waits most on
         its input. On a busy machine surplus workers cost CPU that the bottleneck could use;
-        the trim is kept only if throughput rises, like any other trial."""
+        the trim is kept only if throughput rises, like any other trial. The bottleneck
+        itself is not trimmed: fewer of it can only deliver less, and the trial would cost a
+        window of lower throughput for nothing."""
+        margin = self.config.bottleneck_margin
         stages = [
             s
             for s in latest.stages
             if s.tunable
             and s.name not in self._trimmed
             and self._conc.get(s.name, 1) > s.min_concurrency
+            and s.in_occupancy - s.out_occupancy < margin  # not the bottleneck: fewer is worse
         ]
         if not stages:
             return None
