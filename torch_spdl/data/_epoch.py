@@ -96,13 +96,13 @@ def _auto(
     ``start`` (where it ended the epoch before) when known, never below ``floor``."""
     if concurrency != "auto":
         return {}
-    most = _bound("auto", kind)
+    most = max(_bound("auto", kind), floor or 1)
     kw: dict[str, Any] = {"max_concurrency": most}
     if start is not None:
         kw["initial_concurrency"] = max(1, min(start, most))
     if floor is not None:
-        kw["min_concurrency"] = min(floor, most)
-        kw.setdefault("initial_concurrency", min(floor, most))
+        kw["min_concurrency"] = floor
+        kw.setdefault("initial_concurrency", floor)
     return kw
 
 
