@@ -1,216 +1,362 @@
-"""Autotuning against a hand-picked sweep, and the cost of tracing.
+"""Autotuning against the best fixed concurrency, start-up included; the cost of tracing.
 
-Run: ``python benchmarks/autotune.py [--quick]``. Prints figures, asserts nothing.
+Run: ``python benchmarks/autotune.py [--quick] [--only PART]``. Prints figures, asserts
+nothing. Parts:
 
-The pipeline is ``source -> io -> cpu -> serial -> sink`` with stages of known cost:
-
-- ``io``: ``time.sleep(IO_S)``, a fixed latency that holds no CPU and no GIL;
-- ``cpu``: SHA-256 of a fixed buffer, fixed CPU work that releases the GIL (hashlib does
-  for buffers over 2 KiB), so it scales with threads up to the cores;
-- ``serial``: a little pure-Python work at concurrency 1 (a stage that cannot scale).
-
-Part 1 runs every (io, cpu) concurrency pair of the sweep, then the same pipeline with
-``concurrency="auto"`` on io and cpu, once with the whole machine as CPU budget and once
-with the reference's 40%, and compares the tuned rate (measured after it settled) with the
-best hand-picked one (the best within the same budget for the 40% run), measured again
-alternately with auto (median of 3 each; 1 in quick mode). Part 2 changes the
-I/O latency in the middle of an autotuned run and reports how long it took to settle
-again. Part 3 measures the engine benchmark's 3 no-op sync stages with tracing off and on.
+1. ``workloads``: for each workload, a sweep of fixed concurrencies over a 3,000-item run
+   finds the best one (within the workload's CPU budget); then that best and
+   ``concurrency="auto"`` (a fresh builder each run: nothing learnt) run alternately,
+   ``--repeats`` times each, at 3,000 and 30,000 items, and the medians are compared.
+   Rates are whole runs, start-up included (from the first ``next()`` to the last item).
+   Per run it prints the CPU used (process CPU over wall time, as a fraction of the cores)
+   and the ramp: the time from the start until the rate over the trailing 0.1 s first
+   reaches 90% of the final rate (the rate over the second half of the run). The
+   workloads: a sync stage sleeping 5 ms; an async stage sleeping 5 ms (both with the
+   default CPU budget, 40%); PIL decoding small JPEGs (releases the GIL) under
+   ``cpu_budget=1.0``; a 4 ms I/O stage then the PIL stage, under ``cpu_budget=1.0``. A
+   last row per workload builds one builder twice: the second build starts where the
+   first one's tuner left (what was learnt is kept per stage id).
+2. ``change``: the I/O-then-decode pipeline, autotuned; the I/O latency goes from 4 to
+   16 ms in the middle of the run: how long until the rate is within 10% of its new
+   final rate, and when the tuner made its last change.
+3. ``loader``: ``torch_spdl.DataLoader`` with default arguments against torch's, on a
+   dataset whose ``__getitem__`` sleeps 10 ms, ``num_workers=4``.
+4. ``trace``: the engine benchmark's 3 no-op sync stages with tracing off and on.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
+import asyncio
+import io
 import itertools
 import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from engine import SINK, sync_stages  # noqa: E402  (benchmarks/engine.py, beside us)
+from engine import sync_stages  # noqa: E402  (benchmarks/engine.py, beside us)
 
 from torch_spdl.pipeline import PipelineBuilder  # noqa: E402
-from torch_spdl.pipeline._autotune import cpu_count  # noqa: E402
+from torch_spdl.pipeline._autotune import DEFAULT_CPU_BUDGET, cpu_count  # noqa: E402
 
-IO_S = 0.004
-BUF = bytes(1024 * 1024)
-IO_LEVELS = (1, 2, 4, 6, 8, 12, 16, 32, 64)
-CPU_LEVELS = (1, 2, 4)
-latency = {"s": IO_S}  # part 2 changes it while a pipeline runs
+SINK = 16
+latency = {"s": 0.004}  # the I/O stage of the two-stage pipeline; part 2 changes it
 
 
-def io(x: int) -> int:
+# -- ops -------------------------------------------------------------------------------
+def sleep_sync(x: int) -> int:
+    time.sleep(0.005)
+    return x
+
+
+async def sleep_async(x: int) -> int:
+    await asyncio.sleep(0.005)
+    return x
+
+
+def io_wait(x: int) -> int:
     time.sleep(latency["s"])
     return x
 
 
-def cpu(x: int) -> int:
-    hashlib.sha256(BUF).digest()
-    return x
+class Decoder:
+    """PIL decodes one of a few JPEGs (written to a temp dir, read once into memory)."""
+
+    def __init__(self, count: int = 16, side: int = 192) -> None:
+        import numpy as np
+        from PIL import Image
+
+        rng = np.random.default_rng(0)
+        self.blobs: list[bytes] = []
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(count):
+                path = os.path.join(tmp, f"{i}.jpg")
+                pixels = (rng.random((side, side, 3)) * 255).astype("uint8")
+                Image.fromarray(pixels).save(path, quality=90)
+                with open(path, "rb") as f:
+                    self.blobs.append(f.read())
+
+    def __call__(self, x: int) -> int:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(self.blobs[x % len(self.blobs)])) as im:
+            im.load()  # the decoder releases the GIL
+        return x
 
 
-def serial(x: int) -> int:
-    total = 0
-    for i in range(50):
-        total += i
-    return x
+# -- workloads ---------------------------------------------------------------------------
+@dataclass
+class Workload:
+    name: str
+    stages: list[tuple[Callable[[Any], Any], str]]  # op, stage name
+    levels: list[tuple[int, ...]]  # fixed concurrencies to sweep, one per stage
+    budget: float | None  # None: the default
+
+    def builder(self, source: Iterable[int], conc: tuple[int, ...] | str) -> PipelineBuilder:
+        b = PipelineBuilder().add_source(source)
+        for i, (op, name) in enumerate(self.stages):
+            b.pipe(op, concurrency=conc if isinstance(conc, str) else conc[i], name=name)
+        return b.add_sink(SINK)
+
+    def build(self, builder: PipelineBuilder) -> Any:
+        kw = {} if self.budget is None else {"cpu_budget": self.budget}
+        return builder.build(num_threads=64, **kw)
+
+    @property
+    def budget_value(self) -> float:
+        return DEFAULT_CPU_BUDGET if self.budget is None else self.budget
+
+
+def workloads() -> list[Workload]:
+    decode = Decoder()
+    return [
+        Workload(
+            "sync stage sleeping 5 ms",
+            [(sleep_sync, "sleep")],
+            [(c,) for c in (8, 16, 32, 48, 64)],
+            None,
+        ),
+        Workload(
+            "async stage sleeping 5 ms",
+            [(sleep_async, "sleep")],
+            [(c,) for c in (32, 64, 128, 192, 256)],
+            None,
+        ),
+        Workload("PIL decode", [(decode, "decode")], [(c,) for c in (1, 2, 3, 4)], 1.0),
+        Workload(
+            "I/O 4 ms then PIL decode",
+            [(io_wait, "io"), (decode, "decode")],
+            list(itertools.product((4, 8, 16, 32), (1, 2, 3))),
+            1.0,
+        ),
+    ]
 
 
 @dataclass
-class Result:
-    label: str
-    rate: float  # items/s over the measured window
-    cpu: float  # process CPU over the window, fraction of the cores
-    config: str = ""
-    settled_s: float = 0.0
+class Run:
+    rate: float
+    cpu: float
+    ramp: float
+    final: str = ""
 
 
-def _builder(io_conc: int | str, cpu_conc: int | str) -> PipelineBuilder:
-    return (
-        PipelineBuilder()
-        .add_source(itertools.count())
-        .pipe(io, concurrency=io_conc, name="io")
-        .pipe(cpu, concurrency=cpu_conc, name="cpu")
-        .pipe(serial, name="serial")
-        .add_sink(SINK)
-    )
-
-
-def _measure(
-    pipeline, warmup: float, window: float, on_tick: Callable[[float], None] | None = None
-) -> tuple[float, float, list[tuple[float, str]]]:
-    """Consume for ``warmup + window`` seconds; rate and CPU over the window, and the
-    (time, concurrency) changes seen."""
-    cores = cpu_count()
-    changes: list[tuple[float, str]] = []
-    t_start = time.perf_counter()
-    t0 = c0 = None
-    n = n0 = 0
-    last_check = 0.0
-    conf = ""
+def _consume(
+    pipeline: Any,
+    n: int | None = None,
+    seconds: float | None = None,
+    on_tick: Callable[[float], None] | None = None,
+) -> tuple[list[float], float, float]:
+    """Iterate; the time of every item since the start, the wall time, the CPU fraction."""
+    stamps: list[float] = []
+    clock = time.perf_counter
+    c0, t0 = time.process_time(), clock()
+    last = 0.0
     for _ in pipeline:
-        n += 1
-        now = time.perf_counter() - t_start
-        if now - last_check >= 0.05:
-            last_check = now
-            if on_tick is not None:
-                on_tick(now)
-            stats = pipeline.get_stats()
-            cur = " ".join(f"{s.name}={s.concurrency}" for s in stats if s.autotuned)
-            if cur != conf:
-                conf = cur
-                changes.append((now, cur))
-            if t0 is None and now >= warmup:
-                t0, n0, c0 = now, n, sum(os.times()[:2])
-            if now >= warmup + window:
-                break
-    assert t0 is not None and c0 is not None
-    elapsed = time.perf_counter() - t_start - t0
-    cpu_used = sum(os.times()[:2]) - c0
-    return (n - n0) / elapsed, cpu_used / (elapsed * cores), changes
+        now = clock() - t0
+        stamps.append(now)
+        if on_tick is not None and now - last >= 0.01:
+            last = now
+            on_tick(now)
+        if seconds is not None and now >= seconds:
+            break
+        if n is not None and len(stamps) >= n:
+            break
+    wall = clock() - t0
+    return stamps, wall, (time.process_time() - c0) / (wall * cpu_count())
 
 
-def run_fixed(io_conc: int, cpu_conc: int, window: float) -> Result:
-    pipeline = _builder(io_conc, cpu_conc).build()
-    rate, cpu_frac, _ = _measure(pipeline, 0.3, window)
-    return Result(f"io={io_conc:<3} cpu={cpu_conc}", rate, cpu_frac)
+def ramp_time(stamps: list[float], since: float = 0.0, window: float = 0.1) -> float:
+    """Seconds from ``since`` until the rate over the trailing ``window`` first reaches 90%
+    of the final rate (the rate over the second half of what came after ``since``)."""
+    stamps = [t for t in stamps if t >= since]
+    if len(stamps) < 4:
+        return float("nan")
+    half = len(stamps) // 2
+    span = stamps[-1] - stamps[half]
+    final = (len(stamps) - 1 - half) / span if span > 0 else float("inf")
+    lo = 0
+    for hi, t in enumerate(stamps):
+        while stamps[lo] < t - window:
+            lo += 1
+        if t - since >= window and (hi - lo + 1) / window >= 0.9 * final:
+            return t - since
+    return stamps[-1] - since
 
 
-def run_auto(budget: float, settle: float, window: float) -> Result:
-    pipeline = _builder("auto", "auto").build(cpu_budget=budget)
-    rate, cpu_frac, changes = _measure(pipeline, settle, window)
-    final = changes[-1][1] if changes else ""
-    settled = changes[-1][0] if changes else 0.0
-    return Result(f"auto, cpu_budget={budget:.0%}", rate, cpu_frac, final, settled)
+def run_once(
+    w: Workload, n: int, conc: tuple[int, ...] | str, builder: PipelineBuilder | None = None
+) -> Run:
+    pipeline = w.build(builder or w.builder(range(n), conc))
+    stamps, wall, cpu = _consume(pipeline, n=n)
+    final = ""
+    if conc == "auto":
+        final = " ".join(
+            f"{s.name.split(':', 1)[-1]}={s.concurrency}"
+            for s in pipeline.get_stats()
+            if s.autotuned
+        )
+    return Run(len(stamps) / wall, cpu, ramp_time(stamps), final)
 
 
-def part_sweep(quick: bool) -> None:
-    window = 1.0 if quick else 2.5
-    settle = 6.0 if quick else 10.0
-    repeats = 1 if quick else 3
-    print(
-        f"\n## Part 1: sweep vs auto (io sleep {IO_S * 1e3:.0f} ms, cpu sha256 of "
-        f"{len(BUF) // 1024} KiB, serial stage)"
-    )
-    results = []
-    print(f"{'config':<26}{'items/s':>10}{'CPU':>7}", flush=True)
-    for io_conc, cpu_conc in itertools.product(IO_LEVELS, CPU_LEVELS):
-        r = run_fixed(io_conc, cpu_conc, window)
-        results.append(r)
-        print(f"{r.label:<26}{r.rate:>10,.0f}{r.cpu:>7.0%}", flush=True)
-    best = max(results, key=lambda r: r.rate)
-    print(f"best hand-picked: {best.label} at {best.rate:,.0f} items/s, CPU {best.cpu:.0%}")
-    print(
-        f"\nThe sweep's best is a maximum over {len(results)} noisy runs, which flatters it;"
-        f" so it is run again, alternating with auto, {repeats} times each, and the medians"
-        " are compared."
-    )
-    print(f"\n{'run':<26}{'items/s':>10}{'CPU':>7}{'vs best':>9}  chose (settled at)")
-    for budget in (1.0, 0.4):
-        fits = [r for r in results if r.cpu <= budget * 1.02]
-        pick = max(fits, key=lambda r: r.rate) if fits else best
-        io_conc, cpu_conc = (int(v.split("=")[1]) for v in pick.label.split())
-        refs, autos = [], []
-        for _ in range(repeats):
-            refs.append(run_fixed(io_conc, cpu_conc, window))
-            autos.append(run_auto(budget, settle, window))
-        ref = sorted(refs, key=lambda r: r.rate)[len(refs) // 2]
-        auto = sorted(autos, key=lambda r: r.rate)[len(autos) // 2]
-        ratio = auto.rate / ref.rate
-        within = "within" if max(a.cpu for a in autos) <= budget * 1.1 else "OVER"
-        spread = f"{min(a.rate for a in autos):,.0f}-{max(a.rate for a in autos):,.0f}"
+def _label(conc: tuple[int, ...]) -> str:
+    return "fixed " + ",".join(str(c) for c in conc)
+
+
+def part_workloads(repeats: int, quick: bool) -> None:
+    sizes = (3000,) if quick else (3000, 30000)
+    print("\n## Part 1: auto against the best fixed concurrency (whole runs, start-up included)")
+    for w in workloads():
+        print(f"\n### {w.name} (cpu_budget={w.budget_value})")
+        sweep = []
+        for conc in w.levels:
+            r = run_once(w, 3000, conc)
+            sweep.append((conc, r))
+            print(f"  sweep {_label(conc):<14} {r.rate:>9,.0f}/s  CPU {r.cpu:>4.0%}", flush=True)
+        fits = [(c, r) for c, r in sweep if r.cpu <= w.budget_value * 1.05] or sweep
+        best = max(fits, key=lambda cr: cr[1].rate)[0]
+        print(f"  best fixed within the budget: {_label(best)}")
         print(
-            f"{auto.label:<26}{auto.rate:>10,.0f}{auto.cpu:>7.0%}{ratio:>9.0%}  "
-            f"{auto.config} ({auto.settled_s:.1f} s); runs {spread}",
-            flush=True,
+            f"  {'items':>7} {'run':<16} {'items/s':>9} {'CPU':>5} {'ramp s':>7} "
+            f"{'vs best':>8}  (median of {repeats}; range) final auto setting"
         )
         print(
-            f"    reference: {ref.label.strip()} again: {ref.rate:,.0f}/s (runs "
-            f"{min(r.rate for r in refs):,.0f}-{max(r.rate for r in refs):,.0f}), CPU "
-            f"{ref.cpu:.0%}; target >= 90%: {'met' if ratio >= 0.9 else 'NOT met'}; "
-            f"CPU {within} budget"
+            "  (CPU: the most of any run; 'over' marks one more than 10% over the budget, "
+            "the tuner's tolerance band; ramp: 0.10 is the first full 0.1 s window)"
+        )
+        for n in sizes:
+            fixed, auto = [], []
+            for _ in range(repeats):  # alternate: both see the same machine load
+                fixed.append(run_once(w, n, best))
+                auto.append(run_once(w, n, "auto"))
+            mf = statistics.median(r.rate for r in fixed)
+            for label, runs in ((_label(best), fixed), ("auto", auto)):
+                m = statistics.median(r.rate for r in runs)
+                cpu = max(r.cpu for r in runs)
+                ramp = statistics.median(r.ramp for r in runs)
+                rng = f"{min(r.rate for r in runs):,.0f}-{max(r.rate for r in runs):,.0f}"
+                over = " over" if cpu > w.budget_value * 1.1 else ""
+                print(
+                    f"  {n:>7,} {label:<16} {m:>9,.0f} {cpu:>5.0%}{over} {ramp:>7.2f} "
+                    f"{m / mf:>8.0%}  ({rng}) {runs[len(runs) // 2].final}",
+                    flush=True,
+                )
+        # what was learnt: one builder, built twice
+        b = w.builder(range(3000), "auto")
+        first, second = run_once(w, 3000, "auto", b), run_once(w, 3000, "auto", b)
+        print(
+            f"  same builder built again, 3,000 items: {first.rate:,.0f}/s then "
+            f"{second.rate:,.0f}/s (started at {first.final}, ramp {second.ramp:.2f} s)"
         )
 
 
 def part_change(quick: bool) -> None:
-    half = 6.0 if quick else 10.0
+    total, shift = (4.0, 2.0) if quick else (6.0, 3.0)
+    w = workloads()[3]
     print(
-        f"\n## Part 2: the I/O latency goes from {IO_S * 1e3:.0f} to {4 * IO_S * 1e3:.0f} ms "
-        f"at t={half:.0f} s"
+        f"\n## Part 2: {w.name}, auto, cpu_budget=1.0: the I/O latency goes from 4 to 16 ms "
+        f"at t={shift:.0f} s"
     )
-    latency["s"] = IO_S
-    pipeline = _builder("auto", "auto").build(cpu_budget=1.0)
+    latency["s"] = 0.004
+    pipeline = w.builder(itertools.count(), "auto").build(
+        num_threads=64, cpu_budget=1.0, trace=True
+    )
+    seen: list[tuple[float, str]] = []
 
     def tick(now: float) -> None:
-        if now >= half:
-            latency["s"] = 4 * IO_S
+        if now >= shift:
+            latency["s"] = 0.016
+        conf = " ".join(
+            f"{s.name.split(':', 1)[-1]}={s.concurrency}"
+            for s in pipeline.get_stats()
+            if s.autotuned
+        )
+        if not seen or seen[-1][1] != conf:
+            seen.append((now, conf))
 
     try:
-        rate, _, changes = _measure(pipeline, half + 3.0, half, on_tick=tick)
+        with pipeline.auto_stop():
+            stamps, _, cpu = _consume(pipeline, seconds=total, on_tick=tick)
     finally:
-        latency["s"] = IO_S
-    before = [c for c in changes if c[0] < half]
-    after = [c for c in changes if c[0] >= half]
-    print(f"before: {before[-1][1] if before else '-'}")
-    if after:
-        print(f"after:  {after[-1][1]}, last change {after[-1][0] - half:.1f} s after the shift")
-    else:
-        print("after:  no change")
+        latency["s"] = 0.004
+    before = [c for t, c in seen if t < shift]
+    after = [(t, c) for t, c in seen if t >= shift]
+    tail = [t for t in stamps if t >= total - 1.0]
+    rate = len(tail) / (tail[-1] - tail[0]) if len(tail) > 1 else 0.0
+    pre = [t for t in stamps if shift - 1.0 <= t < shift]
     print(
-        f"rate over the last {half:.0f} s: {rate:,.0f} items/s "
-        f"(limit with the cpu stage at its best: as before)"
+        f"  before: {before[-1] if before else '-'}, {len(pre):,.0f} items/s over the last second"
     )
+    if after:
+        print(
+            f"  after:  {after[-1][1]}, the tuner's last change {after[-1][0] - shift:.2f} s after"
+        )
+    print(f"  final rate {rate:,.0f}/s; CPU over the run {cpu:.0%}")
+    print("  the tuner's decisions from the shift on (seconds after it, from the trace):")
+    for d in pipeline.trace().decisions:
+        if d.time >= shift - 0.05:
+            print(f"    {d.time - shift:+.2f}  {d.reason[:110]}")
+    settle = ramp_back(stamps, shift, total)
+    print(
+        f"  the rate over the trailing 0.2 s back within 10% of the final rate "
+        f"{settle:.2f} s after the shift (target <= 1 s)"
+    )
+
+
+def ramp_back(stamps: list[float], shift: float, total: float, window: float = 0.2) -> float:
+    """Seconds from ``shift`` until the rate over the trailing ``window`` (all of it after
+    the shift) is within 10% of the final rate (over the last second)."""
+    tail = [t for t in stamps if t >= total - 1.0]
+    final = (len(tail) - 1) / (tail[-1] - tail[0]) if len(tail) > 1 else 0.0
+    lo = 0
+    for hi, t in enumerate(stamps):
+        while stamps[lo] < t - window:
+            lo += 1
+        if t >= shift + window and abs((hi - lo + 1) / window - final) <= 0.1 * final:
+            return t - shift
+    return float("nan")
+
+
+def part_loader(quick: bool) -> None:
+    import torch
+    from torch.utils.data import DataLoader as TorchLoader
+    from torch.utils.data import Dataset
+
+    from torch_spdl import DataLoader
+
+    class Waits(Dataset):
+        def __len__(self) -> int:
+            return 800 if quick else 2000
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            time.sleep(0.01)
+            return torch.tensor([i])
+
+    print(
+        "\n## Part 3: DataLoader(dataset, batch_size=16, num_workers=4), default arguments, "
+        "__getitem__ sleeps 10 ms"
+    )
+    for name, cls in (("torch", TorchLoader), ("torch_spdl", DataLoader)):
+        loader = cls(Waits(), batch_size=16, num_workers=4)
+        t0 = time.perf_counter()
+        n = sum(len(b) for b in loader)
+        rate = n / (time.perf_counter() - t0)
+        extra = ""
+        if name == "torch_spdl":
+            extra = f"  worker_choice: {loader.worker_choice}"
+        print(f"  {name:<11} {rate:>8,.0f} samples/s{extra}", flush=True)
 
 
 def part_trace(quick: bool, repeats: int) -> None:
     n = 20_000 if quick else 200_000
-    print(f"\n## Part 3: tracing cost, 3 no-op sync stages at concurrency 4, {n:,} items")
+    print(f"\n## Part 4: tracing cost, 3 no-op sync stages at concurrency 4, {n:,} items")
     off, on = [], []
     for _ in range(repeats):  # alternate, so both see the same machine load
         off.append(sync_stages(n))
@@ -227,15 +373,22 @@ def part_trace(quick: bool, repeats: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="shorter windows")
-    parser.add_argument("--repeats", type=int, default=5, help="tracing runs (median)")
-    parser.add_argument("--only", choices=("sweep", "change", "trace"), default=None)
+    parser.add_argument("--quick", action="store_true", help="3,000 items only, shorter runs")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per side (median)")
+    parser.add_argument("--only", choices=("workloads", "change", "loader", "trace"), default=None)
+    parser.add_argument("--workload", type=int, default=None, help="part 1: one workload")
     args = parser.parse_args()
     print(f"machine: {cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}")
-    if args.only in (None, "sweep"):
-        part_sweep(args.quick)
+    if args.only in (None, "workloads"):
+        if args.workload is not None:
+            global workloads
+            chosen = workloads()[args.workload]
+            workloads = lambda: [chosen]  # noqa: E731
+        part_workloads(args.repeats, args.quick)
     if args.only in (None, "change"):
         part_change(args.quick)
+    if args.only in (None, "loader"):
+        part_loader(args.quick)
     if args.only in (None, "trace"):
         part_trace(args.quick, args.repeats)
 

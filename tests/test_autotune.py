@@ -22,7 +22,9 @@ from torch_spdl.pipeline import (
     AutotuneController,
     AutotuneSample,
     PipelineBuilder,
+    PipelineTrace,
     StageSample,
+    TraceDecision,
     build_pipeline,
 )
 
@@ -305,7 +307,7 @@ def test_an_autotuned_stage_starts_at_its_initial_concurrency(op: Callable) -> N
             .build(cpu_budget=1.0)
         )
 
-    assert build(None).get_stats()[1].concurrency == 1
+    assert build(None).get_stats()[1].concurrency == 4
     assert build(5).get_stats()[1].concurrency == 5
     clamped = build(50)
     assert clamped.get_stats()[1].concurrency == 8
@@ -395,11 +397,12 @@ def test_set_concurrency_parks_and_wakes_workers() -> None:
     config = (
         PipelineBuilder()
         .add_source(range(40))
-        .pipe(blocked, concurrency="auto", max_concurrency=8)
+        .pipe(blocked, concurrency="auto", max_concurrency=8, initial_concurrency=1)
         .add_sink(0)
         .get_config()
     )
-    pipeline = build_pipeline(config, autotune=AutotuneConfig(cpu_budget=1.0, interval=3600))
+    tuner = AutotuneConfig(cpu_budget=1.0, interval=3600, model=False)
+    pipeline = build_pipeline(config, autotune=tuner)
     with pipeline.auto_stop():
         stage = pipeline._runtime.nodes[1]  # the engine's node: a white-box check
         with running:
@@ -448,3 +451,367 @@ def test_dataloader_rejects_a_bad_knob() -> None:
         DataLoader(_SlowStaged(), io_concurrency="many")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="buffer_size must be a positive int"):
         DataLoader(_SlowStaged(), buffer_size="auto")  # type: ignore[arg-type]
+
+
+# -- the model's first step (fed synthetic costs) -----------------------------------------
+TICK = 0.1
+
+
+class Costed(Model):
+    """A :class:`Model` whose samples carry measured costs: ``wall[name]`` and
+    ``cpu[name]`` seconds per item (functions of the stage's concurrency)."""
+
+    def __init__(
+        self,
+        rates: dict[str, Callable[[int], float]],
+        wall: dict[str, Callable[[int], float]],
+        cpu_per_item: dict[str, float],
+        *,
+        cores: int = 4,
+        bound: int = MAX,
+        **kwargs: object,
+    ) -> None:
+        self.cores = cores
+        self.cpu_per_item = cpu_per_item
+        self.wall = wall
+        self.bound = bound
+
+        def cpu(conf: dict[str, int], tput: float) -> float:
+            return 0.01 + sum(tput * c for c in cpu_per_item.values()) / cores
+
+        kwargs.setdefault("cpu", cpu)
+        super().__init__(rates, **kwargs)  # type: ignore[arg-type]
+
+    def sample(self) -> AutotuneSample:
+        base = super().sample()
+        tput = self.throughput()
+        stages = []
+        for s in base.stages:
+            items = max(1, round(tput * TICK))
+            stages.append(
+                StageSample(
+                    s.name,
+                    s.concurrency,
+                    self.bound,
+                    s.tunable,
+                    s.in_occupancy,
+                    s.out_occupancy,
+                    measured=True,
+                    items=items,
+                    busy=items * self.wall[s.name](self.conf[s.name]),
+                    cpu_busy=items * self.cpu_per_item[s.name],
+                )
+            )
+        return AutotuneSample(base.throughput, base.cpu, base.rss, tuple(stages), seconds=TICK)
+
+
+def waits(seconds: float) -> Callable[[int], float]:
+    return lambda c: seconds
+
+
+def test_model_jumps_a_waiting_stage_to_its_bound_at_once() -> None:
+    # 5 ms per item, 1% of it on the CPU: nothing else limits it, so it goes to its bound
+    # on the first decision, with no doubling trials on the way.
+    model = Costed({"io": latency(200)}, {"io": waits(0.005)}, {"io": 0.00005})
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=4)
+    history = run(ctl, model, 3)
+    assert history[-1]["io"] == MAX
+    assert ctl.decisions[0].startswith("model io: 1 -> 64")
+    assert "it waits" in ctl.decisions[0]
+    assert not any(d.startswith("try") for d in ctl.decisions)
+
+
+def test_model_sizes_a_cpu_stage_to_the_cores_the_budget_allows() -> None:
+    # Each item is 2 ms of CPU (the op's whole wall time); the budget is half of 8 cores.
+    model = Costed({"cpu": cores(500, 8)}, {"cpu": waits(0.002)}, {"cpu": 0.002}, cores=8)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.5), cores=8)
+    run(ctl, model, 3)
+    assert model.conf["cpu"] == 4
+    assert "100% on the CPU; the CPU budget pays for" in ctl.decisions[0]
+
+
+def test_model_sizes_a_waiting_stage_for_what_the_next_stage_takes() -> None:
+    # io waits 4 ms per item; the CPU stage can do 2 x 500/s = 1000/s within the budget:
+    # io needs 1000/s x 4 ms = 4 in flight, 5 with a quarter to spare.
+    model = Costed(
+        {"io": latency(250), "cpu": cores(500, 2)},
+        {"io": waits(0.004), "cpu": waits(0.002)},
+        {"io": 0.00001, "cpu": 0.002},
+        cores=2,
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
+    run(ctl, model, 3)
+    assert model.conf == {"io": 5, "cpu": 2}
+
+
+def test_model_respects_a_fixed_stage_downstream() -> None:
+    # serial (fixed at 1) takes 2 ms per item: 500/s. io needs 500 x 10 ms x 1.25 = 7.
+    model = Costed(
+        {"io": latency(100), "serial": flat(500)},
+        {"io": waits(0.01), "serial": waits(0.002)},
+        {"io": 0.00001, "serial": 0.0001},
+        tunable=("io",),
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=4)
+    run(ctl, model, 3)
+    assert model.conf == {"io": 7, "serial": 1}
+    assert "fixed stage serial" in ctl.decisions[0]
+
+
+def test_the_climb_refines_after_the_model() -> None:
+    # The first items said 1 ms, but at scale the op takes 4 ms (contention): the model's
+    # first step is too small, and the climb goes on growing the bottleneck from there.
+    def wall(c: int) -> float:
+        return 0.001 if c == 1 else 0.004
+
+    model = Costed(
+        {"io": lambda c: c / wall(c), "cpu": cores(400, 4)},
+        {"io": wall, "cpu": waits(0.0025)},
+        {"io": 0.00001, "cpu": 0.0025},
+        cores=4,
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=4)
+    run(ctl, model, 400)
+    first = int(ctl.decisions[0].split("-> ")[1].split()[0])
+    assert first < model.conf["io"]  # grown past the model's first answer
+    assert model.throughput() == 1600  # the best the model allows
+
+
+def test_model_step_over_the_cpu_budget_is_scaled_back() -> None:
+    # The first items cost 1 ms of CPU, but at scale 2 ms: the jump goes over the budget
+    # and is scaled back by the excess, then the configuration stays within the budget.
+    heavy = {"on": False}
+
+    def cpu(conf: dict[str, int], tput: float) -> float:
+        per = 0.002 if conf["cpu"] > 1 else 0.001
+        return tput * per / 4
+
+    model = Costed({"cpu": cores(1000, 4)}, {"cpu": waits(0.001)}, {"cpu": 0.001}, cores=4, cpu=cpu)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.5), cores=4)
+    history = run(ctl, model, 200)
+    del heavy
+    assert any(d.startswith("scale cpu back") for d in ctl.decisions), ctl.decisions
+    assert all(cpu(h, model.rates["cpu"](h["cpu"])) <= 0.5 * 1.1 for h in history[-100:])
+
+
+def test_model_step_over_the_memory_limit_is_reverted() -> None:
+    mib = 1 << 20
+    model = Costed(
+        {"io": latency(200)},
+        {"io": waits(0.005)},
+        {"io": 0.00001},
+        rss=lambda conf: 100 * mib + 20 * mib * conf["io"],
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0, memory_limit=300 * mib), cores=4)
+    history = run(ctl, model, 300)
+    assert any(d.startswith("revert io to 1") for d in ctl.decisions), ctl.decisions
+    assert model.conf["io"] == 10  # then climbs to the most that fits
+    assert all(100 + 20 * h["io"] <= 300 for h in history[-100:])
+
+
+def test_a_fixed_stage_with_costs_is_never_resized() -> None:
+    model = Costed(
+        {"io": latency(100), "fixed": cores(300, 4)},
+        {"io": waits(0.01), "fixed": waits(0.003)},
+        {"io": 0.00001, "fixed": 0.003},
+        tunable=("io",),
+    )
+    model.conf["fixed"] = 3
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=4)
+    run(ctl, model, 200)
+    assert model.conf["fixed"] == 3
+    assert all(e.stage != "fixed" for e in ctl.events)
+
+
+def test_a_workload_change_is_modelled_again_in_one_window() -> None:
+    per_item = {"s": 0.004}
+    model = Costed(
+        {"io": lambda c: c / per_item["s"], "cpu": cores(1000, 2)},
+        {"io": lambda c: per_item["s"], "cpu": waits(0.001)},
+        {"io": 0.00001, "cpu": 0.001},
+        cores=2,
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
+    run(ctl, model, 100)
+    assert model.conf["io"] == 10 and model.throughput() == 2000
+    per_item["s"] = 0.016  # the storage got 4x slower
+    history = run(ctl, model, 100)
+    assert model.conf["io"] == 40 and model.throughput() == 2000
+    settled = next(i for i, h in enumerate(history) if h == history[-1])
+    assert settled <= 8, f"took {settled} ticks"  # one window, then the model's step
+    assert any("workload changed" in d for d in ctl.decisions)
+
+
+def test_every_change_is_an_event_with_a_reason() -> None:
+    model = Costed({"io": latency(200)}, {"io": waits(0.005)}, {"io": 0.00005})
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=4)
+    history = run(ctl, model, 100)
+    assert len(ctl.events) == len(ctl.decisions)
+    changes = [e for e in ctl.events if e.stage is not None]
+    assert changes and all(e.reason and e.concurrency is not None for e in changes)
+    assert changes[-1].concurrency == history[-1]["io"]
+
+
+# -- learnt settings, the trace -----------------------------------------------------------
+def _run_until(pipeline, stop: threading.Event, stage: int, value: int) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + 6 * WAIT
+    with pipeline.auto_stop():
+        for _ in pipeline:
+            if not stop.is_set() and (
+                pipeline.get_stats()[stage].concurrency == value or time.monotonic() > deadline
+            ):
+                stop.set()
+
+
+def test_a_builder_built_again_starts_where_the_tuner_left_each_stage() -> None:
+    stop, produced = threading.Event(), []
+    builder = (
+        PipelineBuilder()
+        .add_source(_gated_source(stop, produced))
+        .pipe(_io, concurrency="auto", max_concurrency=8, name="load")
+        .add_sink(16)
+    )
+    keys = [s.tune_key for s in builder.get_config().stages]
+    assert keys == [s.tune_key for s in builder.get_config().stages]  # a stable stage id
+    first = builder.build(cpu_budget=1.0)
+    assert first.get_stats()[1].concurrency == 4
+    _run_until(first, stop, 1, 8)
+    assert first.get_stats()[1].concurrency == 8
+    again = builder.build(cpu_budget=1.0)
+    assert again.get_stats()[1].concurrency == 8  # where the last build left it
+    other = (  # the same op and name in another declaration: its own stage id
+        PipelineBuilder()
+        .add_source(range(3))
+        .pipe(_io, concurrency="auto", max_concurrency=8, name="load")
+        .build(cpu_budget=1.0)
+    )
+    assert other.get_stats()[1].concurrency == 4
+    explicit = (
+        PipelineBuilder()
+        .add_source(range(3))
+        .pipe(_io, concurrency=3, name="load")
+        .build(cpu_budget=1.0)
+    )
+    assert explicit.get_stats()[1].concurrency == 3
+
+
+def test_an_explicit_concurrency_is_honoured_exactly() -> None:
+    stop, produced = threading.Event(), []
+    pipeline = (
+        PipelineBuilder()
+        .add_source(_gated_source(stop, produced))
+        .pipe(_io, concurrency="auto", max_concurrency=8)
+        .pipe(_io, concurrency=3)
+        .add_sink(16)
+        .build(cpu_budget=1.0, trace=True)
+    )
+    _run_until(pipeline, stop, 1, 8)
+    stats = pipeline.get_stats()
+    assert stats[2].concurrency == 3 and not stats[2].autotuned
+    assert {conc[1] for conc in (s.concurrency for s in pipeline.trace().samples)} == {3}
+    assert all(d.stage != stats[2].name for d in pipeline.trace().decisions)
+
+
+def test_the_trace_shows_each_decision() -> None:
+    stop, produced = threading.Event(), []
+    pipeline = (
+        PipelineBuilder()
+        .add_source(_gated_source(stop, produced))
+        .pipe(_io, concurrency="auto", max_concurrency=8, name="load")
+        .add_sink(16)
+        .build(cpu_budget=1.0, trace=True)
+    )
+    _run_until(pipeline, stop, 1, 8)
+    trace = pipeline.trace()
+    first = trace.decisions[0]
+    assert first.stage == "1:load" and first.concurrency == 8 and "model" in first.reason
+    events = trace.to_chrome_trace()["traceEvents"]
+    counters = [e for e in events if e["name"] == "autotune 1:load"]
+    instants = [e for e in events if e["ph"] == "i" and e["name"] == "autotune"]
+    assert counters[0]["args"] == {"concurrency": 8}
+    assert instants[0]["args"]["reason"] == first.reason
+
+
+def test_chrome_trace_of_synthetic_decisions() -> None:
+    trace = PipelineTrace(
+        stages=["1:io"],
+        queues=[("1:io input", 64), ("sink", 3)],
+        spans=[],
+        samples=[],
+        decisions=[
+            TraceDecision(0.02, "1:io", 64, "model 1:io: 1 -> 64 (it waits)"),
+            TraceDecision(0.5, None, None, "at the CPU budget (41%): hold"),
+        ],
+    )
+    events = trace.to_chrome_trace()["traceEvents"]
+    assert [e["args"] for e in events if e["ph"] == "C"] == [{"concurrency": 64}]
+    instants = [e for e in events if e["ph"] == "i"]
+    assert [e["ts"] for e in instants] == [0.02 * 1e6, 0.5 * 1e6]
+    assert instants[1]["args"] == {
+        "stage": None,
+        "concurrency": None,
+        "reason": "at the CPU budget (41%): hold",
+    }
+
+
+def test_a_floor_is_never_crossed() -> None:
+    # Over the CPU budget from the start (a fixed stage burns it): the tuner shrinks what
+    # it owns, but never below the stage's min_concurrency.
+    model = Model({"io": latency(100), "cpu": flat(10_000)}, tunable=("io",), cpu=lambda c, t: 0.9)
+    model.conf["io"] = 16
+
+    def sample() -> AutotuneSample:
+        base = Model.sample(model)
+        stages = tuple(
+            StageSample(
+                s.name,
+                s.concurrency,
+                MAX,
+                s.tunable,
+                s.in_occupancy,
+                s.out_occupancy,
+                min_concurrency=8 if s.name == "io" else 1,
+            )
+            for s in base.stages
+        )
+        return AutotuneSample(base.throughput, base.cpu, base.rss, stages)
+
+    model.sample = sample  # type: ignore[method-assign]
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    history = run(ctl, model, 200)
+    assert min(h["io"] for h in history) == 8
+    assert any("at its least" in d for d in ctl.decisions)
+
+
+def test_min_concurrency_is_where_an_autotuned_stage_starts_at_least() -> None:
+    def build(**kw: int):  # noqa: ANN202
+        return (
+            PipelineBuilder()
+            .add_source(range(20))
+            .pipe(str, concurrency="auto", max_concurrency=16, **kw)
+            .build(cpu_budget=1.0)
+        )
+
+    assert build(min_concurrency=10).get_stats()[1].concurrency == 10
+    assert build(min_concurrency=2, initial_concurrency=5).get_stats()[1].concurrency == 5
+    with pytest.raises(ValueError, match="min_concurrency is the least an autotuned stage"):
+        PipelineBuilder().add_source([1]).pipe(str, concurrency=2, min_concurrency=2)
+    with pytest.raises(ValueError, match="above max_concurrency"):
+        build(min_concurrency=17)
+
+
+def test_threads_waiting_for_cores_are_not_taken_for_waiting_on_io() -> None:
+    # A CPU-bound op on 2 cores: with more threads than cores each item waits for a core,
+    # so its wall time grows and its CPU share falls. The model sizes it from the share it
+    # saw least contended (whatever trials measured since): 2 workers, however long the run.
+    model = Costed(
+        {"cpu": cores(1000, 2)},
+        {"cpu": lambda c: 0.001 * max(1.0, c / 2)},
+        {"cpu": 0.001},
+        cores=2,
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
+    history = run(ctl, model, 300)
+    assert history[2]["cpu"] == 2, ctl.decisions
+    assert all(h["cpu"] == 2 for h in history[-100:])
+    assert not any(d.startswith("model") and "-> 4" in d for d in ctl.decisions)

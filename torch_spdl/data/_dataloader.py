@@ -52,8 +52,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
             measures the first batches and picks threads, or worker processes when the work
             holds the GIL (the choice is in :attr:`worker_choice`); ``"thread"`` or
             ``"process"`` force one (see docs/dataloader.md).
-        io_concurrency: workers of a :class:`StagedDataset`'s ``io`` stages (default:
-            ``num_workers``, at least 8), or ``"auto"``.
+        io_concurrency: workers of a :class:`StagedDataset`'s ``io`` stages, or ``"auto"``
+            (default: autotuned from ``num_workers``, at least 8, up to 64; never below
+            where it starts).
         cpu_concurrency: workers of its ``cpu`` stages (default ``num_workers``), or
             ``"auto"``.
         collate_concurrency: threads running ``collate_fn`` on the per-sample path

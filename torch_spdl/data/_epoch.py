@@ -63,16 +63,23 @@ _BATCH_QUEUE = 2
 
 
 class _StageSpec:
-    __slots__ = ("op", "concurrency", "executor", "name", "kind")
+    __slots__ = ("op", "concurrency", "executor", "name", "kind", "floor")
 
     def __init__(
-        self, op: Any, concurrency: int | str, executor: Executor | None, name: str, kind: str
+        self,
+        op: Any,
+        concurrency: int | str,
+        executor: Executor | None,
+        name: str,
+        kind: str,
+        floor: int | None = None,
     ) -> None:
         self.op = op
         self.concurrency = concurrency  # or "auto"
         self.executor = executor
         self.name = name
         self.kind = kind  # "io" or "cpu": what bounds an autotuned stage
+        self.floor = floor  # the least an autotuned stage runs (the old fixed default)
 
 
 def _bound(concurrency: int | str, kind: str) -> int:
@@ -83,15 +90,20 @@ def _bound(concurrency: int | str, kind: str) -> int:
     return DEFAULT_MAX_THREADS if kind == "io" else cpu_count()
 
 
-def _auto(concurrency: int | str, kind: str, start: int | None = None) -> dict[str, Any]:
+def _auto(
+    concurrency: int | str, kind: str, start: int | None = None, floor: int | None = None
+) -> dict[str, Any]:
     """``pipe`` keywords bounding an autotuned stage (none for a fixed one), starting it at
-    ``start`` (where it ended the epoch before) when known."""
+    ``start`` (where it ended the epoch before) when known, never below ``floor``."""
     if concurrency != "auto":
         return {}
-    most = _bound("auto", kind)
+    most = max(_bound("auto", kind), floor or 1)
     kw: dict[str, Any] = {"max_concurrency": most}
     if start is not None:
         kw["initial_concurrency"] = max(1, min(start, most))
+    if floor is not None:
+        kw["min_concurrency"] = floor
+        kw.setdefault("initial_concurrency", floor)
     return kw
 
 
@@ -376,7 +388,7 @@ class EpochIterator:
                 concurrency=spec.concurrency,
                 executor=spec.executor,
                 name=spec.name,
-                **_auto(spec.concurrency, spec.kind, tuned.get(spec.name)),
+                **_auto(spec.concurrency, spec.kind, tuned.get(spec.name), spec.floor),
             )
 
     def _slots(
@@ -443,15 +455,19 @@ class EpochIterator:
         specs = []
         for step in steps:
             name = step.name or getattr(step.fn, "__name__", "stage")
+            floor = None
             if step.concurrency is not None:
                 conc: int | str = step.concurrency
             elif step.kind == "io":
-                conc = loader.io_concurrency or max(workers, 8)
+                # By default an I/O stage is autotuned, never below the fixed default it
+                # had before (docs/autotune.md, "On by default").
+                conc = loader.io_concurrency or "auto"
+                floor = None if loader.io_concurrency else max(workers, 8)
             else:
                 conc = loader.cpu_concurrency or threads or workers
             op = stage_op(step.fn, name, None if _is_async(step.fn) else group)
             executor = None if _is_async(step.fn) else pool
-            specs.append(_StageSpec(op, conc, executor, name, step.kind))
+            specs.append(_StageSpec(op, conc, executor, name, step.kind, floor))
         return specs
 
     # -- consuming -------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, p
 from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._stats import StageStats
 from ._subprocess import SubprocessError, iterate_in_subprocess, run_pipeline_in_subprocess
-from ._trace import PipelineTrace, TraceSample, TraceSpan, export_chrome_trace
+from ._trace import PipelineTrace, TraceDecision, TraceSample, TraceSpan, export_chrome_trace
 
 __all__ = [
     "AggregateConfig",
@@ -68,6 +68,7 @@ __all__ = [
     "TaskHook",
     "TaskPerfStats",
     "TaskStatsHook",
+    "TraceDecision",
     "TraceSample",
     "TraceSpan",
     "build_pipeline",

@@ -13,9 +13,10 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from . import _autotune_memory
 from ._aggregate import AggregateStage, Aggregator, Collate, DisaggregateStage
 from ._async_stage import AsyncStage
-from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
+from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, DEFAULT_START, AutotuneConfig
 from ._background import BackgroundTaskFactory
 from ._channel import Channel
 from ._failures import FailureBudget, MaxFailures, check_max_failures
@@ -60,6 +61,10 @@ class PipeConfig:
     queue_size: int | None = None
     max_concurrency: int | None = None
     initial_concurrency: int | None = None
+    # The stage id under which an autotuned stage's setting is kept for the next build of
+    # this declaration (docs/autotune.md, "Keeping what was learnt").
+    tune_key: int = field(default_factory=_autotune_memory.new_stage_id, compare=False)
+    min_concurrency: int | None = None
 
     @property
     def kind(self) -> OpKind:
@@ -223,6 +228,7 @@ class PipelineBuilder(Generic[T, U]):
         queue_size: int | None = None,
         max_concurrency: int | None = None,
         initial_concurrency: int | None = None,
+        min_concurrency: int | None = None,
     ) -> PipelineBuilder[T, U]:
         """Apply ``op`` to every item.
 
@@ -240,8 +246,11 @@ class PipelineBuilder(Generic[T, U]):
         ``queue_size`` sets the capacity of this stage's input queue.
         ``concurrency="auto"`` lets the pipeline choose and adapt it while running, from 1
         up to ``max_concurrency`` (default 64 threads, 256 coroutines), starting at
-        ``initial_concurrency`` (default 1; say, what an earlier run settled on); see
-        ``build``'s ``cpu_budget`` and ``memory_limit``.
+        ``initial_concurrency`` (default: where the tuner left this stage in the last build
+        of this builder in this process, else 4, so that its first items, which the tuner
+        measures, come quickly), and never below ``min_concurrency`` (default 1: a floor
+        that makes ``"auto"`` only ever add to a known-good value); see ``build``'s
+        ``cpu_budget`` and ``memory_limit``. An ``int`` concurrency is always used exactly.
         """
         _, kind = classify_op(op)
         if concurrency != "auto" and (not isinstance(concurrency, int) or concurrency < 1):
@@ -249,6 +258,7 @@ class PipelineBuilder(Generic[T, U]):
         for knob, value, role in (
             ("max_concurrency", max_concurrency, "bounds an autotuned stage"),
             ("initial_concurrency", initial_concurrency, "is where an autotuned stage starts"),
+            ("min_concurrency", min_concurrency, "is the least an autotuned stage runs"),
         ):
             if value is None:
                 continue
@@ -258,6 +268,15 @@ class PipelineBuilder(Generic[T, U]):
                 )
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{knob} must be a positive int, got {value!r}")
+        if (
+            min_concurrency is not None
+            and max_concurrency is not None
+            and isinstance(min_concurrency, int)
+            and min_concurrency > max_concurrency
+        ):
+            raise ValueError(
+                f"min_concurrency ({min_concurrency}) is above max_concurrency ({max_concurrency})"
+            )
         if output_order not in ("completion", "input"):
             raise ValueError(f"output_order must be 'completion' or 'input', got {output_order!r}")
         if executor is not None and kind.is_async:
@@ -280,6 +299,7 @@ class PipelineBuilder(Generic[T, U]):
                 queue_size,
                 max_concurrency,
                 initial_concurrency,
+                min_concurrency=min_concurrency,
             )
         )
         return self
@@ -557,13 +577,19 @@ def build_pipeline(
         else:
             op, kind = classify_op(spec.op)
             own_limit = spec.max_failures is not None
+            floor = min(spec.min_concurrency or 1, workers[i])
+            start = (
+                spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or DEFAULT_START
+            )
             common = dict(
-                workers=min(spec.initial_concurrency or 1, workers[i]) if spec.auto else workers[i],
+                workers=max(floor, min(start, workers[i])) if spec.auto else workers[i],
                 ordered=spec.output_order == "input",
                 max_failures=spec.max_failures if own_limit else -1,
                 max_workers=workers[i] if spec.auto else None,
                 budget=None if own_limit else shared_budget,
                 hooks=hooks,
+                tune_key=spec.tune_key if spec.auto else None,
+                min_workers=floor,
             )
             if kind.is_async:
                 node: Node = AsyncStage(name, op, kind, inbox, outbox, **common)

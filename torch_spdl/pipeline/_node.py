@@ -16,9 +16,11 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ._autotune import QueueReading, StageReading
+from ._autotune_meter import StageMeter
 from ._channel import Channel
 from ._errors import describe_item
 from ._failures import FailureBudget
@@ -229,6 +231,9 @@ class OpStage(Node):
     and :meth:`set_concurrency` moves the number of workers allowed to take items between
     1 and ``max_workers`` while it runs (the subclasses park the excess ones).
     ``tracer``, when set before launch, records when each item's op started and ended.
+    An autotuned stage is the autotuner's :class:`~._autotune.TunableStage`: its op is
+    metered (wall and CPU time per item) from launch, and ``tune_key`` names it in what
+    the tuner remembers between builds.
     """
 
     def __init__(
@@ -245,10 +250,15 @@ class OpStage(Node):
         max_workers: int | None = None,
         budget: FailureBudget | None = None,
         hooks: Sequence[TaskHook] = (),
+        tune_key: Hashable | None = None,
+        min_workers: int = 1,
     ) -> None:
         super().__init__(
             name, inbox, outbox, workers=workers, max_failures=max_failures, budget=budget
         )
+        self.tune_key = tune_key
+        self.min_workers = min_workers  # the least an autotuned stage runs
+        self.meter: StageMeter | None = None
         self.hooks = list(hooks)
         self._stage_stack: contextlib.AsyncExitStack | None = None
         self.op = op
@@ -269,12 +279,49 @@ class OpStage(Node):
     def concurrency(self) -> int:
         return self._limit
 
+    # -- the autotuner's surface (TunableStage) --------------------------------------------
+    @property
+    def tunable(self) -> bool:
+        return self.auto
+
+    @property
+    def bound(self) -> int:
+        return self.most_workers
+
+    @property
+    def floor(self) -> int:
+        return self.min_workers
+
+    def bind(self, runtime: Runtime) -> None:
+        super().bind(runtime)
+        # Meter an autotuned op on our own workers (an executor's op may have to pickle).
+        if self.auto and self.meter is None and getattr(self, "executor", None) is None:
+            meter = self.meter = StageMeter()
+            if self.kind is OpKind.ASYNC_FUNC:
+                self.op = meter.wrap_async(self.op)
+            elif self.kind is OpKind.ASYNC_GEN:
+                self.op = meter.wrap_async_gen(self.op)
+            else:
+                self.op = meter.wrap_sync(self.op, generator=self.kind is OpKind.GEN)
+
+    def reading(self) -> StageReading:
+        """Cumulative counters for the autotuner."""
+        if self.meter is not None:
+            items, busy, cpu = self.meter.totals()
+        else:
+            with self._lock:
+                counters = list(self._counters)
+            items = sum(c.num_in for c in counters)
+            busy, cpu = sum(c.op_time for c in counters), None
+        return StageReading(items, busy, cpu, _queue(self.inbox), _queue(self.outbox))
+
     def set_concurrency(self, n: int) -> int:
-        """Allow ``n`` workers (clamped to 1..max_workers); returns the value applied."""
+        """Allow ``n`` workers (clamped to min_workers..max_workers); returns the value
+        applied."""
         if not self.auto:
             raise RuntimeError(f"stage {self.name!r} has a fixed concurrency")
         assert self.max_workers is not None
-        n = max(1, min(int(n), self.max_workers))
+        n = max(self.min_workers, 1, min(int(n), self.max_workers))
         self._resize(n)
         return n
 
@@ -331,3 +378,9 @@ class OpStage(Node):
     def _hook_failed(self, exc: Exception) -> None:
         exc.add_note(f"torch_spdl: raised by a stage_hook() of stage {self.name!r}")
         self.fail(exc)
+
+
+def _queue(channel: Channel[Any] | None) -> QueueReading:
+    if channel is None:
+        return QueueReading(0, 0, 0, 0)
+    return QueueReading(channel.n_gets, channel.depth_sum, channel.capacity, len(channel))

@@ -72,8 +72,9 @@ class Runtime:
         stages = [n for n in self.nodes if isinstance(n, OpStage)]
         self._tracer = Tracer(stages, self.channels) if trace else None
         tunable = autotune is not None and any(s.auto for s in stages)
+        sink = self.channels[-1]
         self._autotuner = (
-            Autotuner(stages, self.channels[-1], autotune)
+            Autotuner(stages, lambda: sink.n_gets, autotune, trace=self._tracer)
             if tunable and autotune is not None
             else None
         )

@@ -5,6 +5,9 @@ op through a thin wrapper that appends two ``perf_counter_ns`` stamps to a buffe
 that worker alone (no lock), and a sampler thread records every queue's depth and every
 stage's concurrency every few milliseconds. A pipeline built without tracing runs exactly
 the code it ran before tracing existed: the choice is made once per worker, not per item.
+The autotuner reports each of its decisions here too (:class:`TraceDecision`), so a trace
+shows what it chose and why: a counter track per autotuned stage and an instant event
+with the reason.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import threading
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._channel import Channel
@@ -23,7 +26,14 @@ from ._channel import Channel
 if TYPE_CHECKING:
     from ._node import Node, OpStage
 
-__all__ = ["PipelineTrace", "TraceSample", "TraceSpan", "Tracer", "export_chrome_trace"]
+__all__ = [
+    "PipelineTrace",
+    "TraceDecision",
+    "TraceSample",
+    "TraceSpan",
+    "Tracer",
+    "export_chrome_trace",
+]
 
 SAMPLE_INTERVAL = 0.01  # seconds between two queue-depth samples
 
@@ -45,25 +55,40 @@ class TraceSample(NamedTuple):
     concurrency: tuple[int, ...]
 
 
+class TraceDecision(NamedTuple):
+    """One decision of the autotuner at ``time``: ``stage`` set to ``concurrency`` (both
+    None for a decision that changed nothing, such as holding), and why."""
+
+    time: float
+    stage: str | None
+    concurrency: int | None
+    reason: str
+
+
 @dataclass
 class PipelineTrace:
     """What a traced run recorded; times are seconds since the pipeline started.
 
     ``stages`` names the traced stages in pipeline order, ``queues`` the queues (name,
     capacity; 0 means unbounded) in pipeline order, the input queue of each stage then the
-    sink. ``spans`` has one entry per item per stage; ``samples`` the periodic depths.
+    sink. ``spans`` has one entry per item per stage; ``samples`` the periodic depths;
+    ``decisions`` the autotuner's decisions, in order.
     """
 
     stages: list[str]
     queues: list[tuple[str, int]]
     spans: list[TraceSpan]
     samples: list[TraceSample]
+    decisions: list[TraceDecision] = field(default_factory=list)
 
     def to_chrome_trace(self) -> dict[str, Any]:
         """The trace as a Chrome trace / Perfetto JSON object.
 
         Each span is a complete event (``"ph": "X"``) on a track per worker; each queue is
         a counter (``"ph": "C"``) of its depth, and each stage one of its concurrency.
+        Each autotuner decision is an instant event (``"ph": "i"``, named ``autotune``,
+        the reason in its ``args``) and, when it set a stage, a point of that stage's
+        counter ``autotune <stage>``.
         """
         events: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "torch_spdl"}}
@@ -126,6 +151,29 @@ class PipelineTrace:
                         "args": {"workers": conc},
                     }
                 )
+        for d in self.decisions:
+            ts = d.time * 1e6
+            if d.stage is not None and d.concurrency is not None:
+                events.append(
+                    {
+                        "name": f"autotune {d.stage}",
+                        "ph": "C",
+                        "ts": ts,
+                        "pid": 1,
+                        "args": {"concurrency": d.concurrency},
+                    }
+                )
+            events.append(
+                {
+                    "name": "autotune",
+                    "cat": "autotune",
+                    "ph": "i",
+                    "s": "p",
+                    "ts": ts,
+                    "pid": 1,
+                    "args": {"stage": d.stage, "concurrency": d.concurrency, "reason": d.reason},
+                }
+            )
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
@@ -175,6 +223,7 @@ class Tracer:
         self._channels = list(channels)
         self._buffers: list[_Buffer] = []
         self._samples: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
+        self._decisions: list[tuple[int, str | None, int | None, str]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._origin = time.perf_counter_ns()
@@ -249,6 +298,10 @@ class Tracer:
 
         return traced
 
+    def record_decision(self, stage: str | None, concurrency: int | None, reason: str) -> None:
+        """An autotuner decision, stamped now (called from the autotuner's thread)."""
+        self._decisions.append((time.perf_counter_ns(), stage, concurrency, reason))
+
     # -- sampling (its own thread) ---------------------------------------------------------
     def reset_origin(self) -> None:
         self._origin = time.perf_counter_ns()
@@ -291,9 +344,14 @@ class Tracer:
         samples = [
             TraceSample((t - origin) / 1e9, depths, conc) for t, depths, conc in list(self._samples)
         ]
+        decisions = [
+            TraceDecision((t - origin) / 1e9, stage, conc, why)
+            for t, stage, conc, why in list(self._decisions)
+        ]
         return PipelineTrace(
             stages=[s.name for s in self._stages],
             queues=[(c.name, c.capacity) for c in self._channels],
             spans=spans,
             samples=samples,
+            decisions=decisions,
         )

@@ -1,0 +1,143 @@
+"""The tuner's first step: the concurrency each stage needs, from what its items cost.
+
+Hill-climbing from one worker needs a trial per doubling (several seconds to reach 64), so
+a short epoch ends before it gets there. Instead, the first items through each stage are
+measured (wall and CPU seconds per item, items per second) and Little's law gives the
+answer at once: to sustain a rate ``L`` a stage whose item takes ``w`` seconds needs
+``L * w`` items in flight. The rate aimed for is the least of:
+
+- what the CPU budget pays for: each item delivered costs the CPU of every stage it went
+  through (its measured op CPU, plus :data:`HOP_CPU_S` of engine work per stage); CPU the
+  process uses outside the stages (the training loop) is taken as fixed;
+- what the stages with a fixed concurrency can do (``n / w`` each): the downstream (or
+  upstream) demand the autotuned stages cannot change;
+- the current rate, when the consumer is the limit already (the sink is full).
+
+A stage that burns CPU goes to about the cores the budget allows (``n * cpu / w`` cores). A
+stage that only waits (its op on the CPU less than :data:`WAITS` of its wall time, and using
+little of the budget in all: :data:`WAITING_CORES`) is sized
+for what the rest can take (Little's law with the others' new rate, a quarter to spare), or
+goes straight to its bound when nothing else limits it: the per-item CPU measured at one
+worker overstates what items cost at a high rate (wake-ups amortise), and the controller
+judges the step like any trial, scaling it back if the process goes over the budget.
+Rates are compared in the units of the first measured stage, so ``aggregate`` in between
+(a batch per 32 items) is accounted for. Pure functions: no clock, no thread.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["HOP_CPU_S", "WAITS", "StageCost", "model_targets"]
+
+# The engine's own CPU per item per stage (take, hand off, count), beyond what the op's
+# meter sees: on the 2-core development machine a 5 ms sleeping stage uses 16-25 us of
+# process CPU per item in all, of which the meter sees 10-25 us at one worker (wake-ups
+# that amortise at higher rates). Faster machines spend less.
+HOP_CPU_S = 10e-6
+# The sink is this full (or fuller): the consumer sets the pace, nothing to gain.
+_CONSUMER_BOUND = 0.9
+# A stage whose op spends less than this share of its wall time on the CPU only waits...
+WAITS = 0.1
+# ... unless it uses this share of the CPU budget all the same: then its threads wait for
+# cores, not for I/O (on a machine busy with other work, a CPU-bound op runs a fraction of
+# its wall time), and more of them would only wait longer.
+WAITING_CORES = 0.25
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One stage over the measured window."""
+
+    name: str
+    tunable: bool
+    concurrency: int
+    bound: int  # the most it may run (its concurrency when fixed)
+    rate: float  # items finished per second
+    wall: float | None  # seconds per item inside the op (None: no item finished)
+    cpu: float | None  # CPU seconds per item inside the op (None: not measured)
+    least_wall: float | None = None  # the least wall per item seen so far (least contended)
+
+
+def model_targets(
+    costs: Sequence[StageCost],
+    *,
+    cpu_used: float,
+    budget: float,
+    sink_occupancy: float = 0.0,
+    hop_cpu: float = HOP_CPU_S,
+    count_outside: bool = True,
+) -> dict[str, tuple[int, str]]:
+    """``{stage: (concurrency, reason)}`` for the tunable stages the model can size.
+
+    Args:
+        costs: every stage of the pipeline in order, tunable or not.
+        cpu_used: the process's CPU over the window, in cores (seconds per second).
+        budget: the CPU budget in cores.
+        sink_occupancy: how full the sink was (0-1).
+        count_outside: hold the CPU the process used outside the stages as spent (False
+            at start-up, when that CPU is the pipeline starting).
+    """
+    known = [c for c in costs if c.rate > 0 and c.wall]
+    if not known:
+        return {}
+    ref = known[0].rate
+    flow = {c.name: c.rate / ref for c in known}  # stage items per reference item
+    in_stages = sum(c.rate * ((c.cpu or 0.0) + hop_cpu) for c in known)
+    outside = max(0.0, cpu_used - in_stages) if count_outside else 0.0
+    per_item = sum(flow[c.name] * ((c.cpu or 0.0) + hop_cpu) for c in known)
+    affordable = max(budget - outside, 0.0) / per_item if per_item > 0 else math.inf
+    # What the autotuned stages cannot change: fixed stages and the consumer.
+    demand, demand_why = math.inf, ""
+    for c in known:
+        if not c.tunable:
+            can = c.concurrency / (c.wall * flow[c.name])  # type: ignore[operator]
+            if can < demand:
+                demand, demand_why = can, f"fixed stage {c.name} does {can:,.0f}/s"
+    if sink_occupancy >= _CONSUMER_BOUND and ref < demand:
+        demand, demand_why = ref, f"the consumer takes {ref:,.0f}/s"
+    out: dict[str, tuple[int, str]] = {}
+    waiting: list[StageCost] = []
+    for c in known:
+        if not c.tunable:
+            continue
+        assert c.wall is not None
+        share = None if c.cpu is None else c.cpu / c.wall
+        if share is not None and share < WAITS and c.rate * c.cpu < WAITING_CORES * budget:  # type: ignore[operator]
+            waiting.append(c)
+            continue
+        target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
+        if demand < target:
+            target, why = demand, demand_why
+        n = math.ceil(flow[c.name] * target * c.wall - 1e-9)  # Little's law
+        reason = f"{c.wall * 1e3:.2f} ms/item"
+        if share is not None and share > 0:
+            reason += f", {share:.0%} on the CPU"
+            # The cores the budget allows, from the share seen least contended: threads that
+            # wait for a core look less busy, and more of them would only wait longer.
+            assert c.cpu is not None
+            top = max(share, c.cpu / c.least_wall if c.least_wall else share)
+            cap = max(1, math.floor(budget / top + 1e-9))
+            if cap < n:
+                n, why = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"
+        n = max(1, min(n, c.bound))
+        out[c.name] = (n, f"{reason}; {why}; Little's law: {n}")
+    # A stage that only waits costs (almost) no CPU: it is sized for what the rest of the
+    # pipeline can take, with a quarter to spare, or goes to its bound when nothing limits.
+    for c in known:
+        if c.name in out:  # a stage that burns CPU, at its new concurrency
+            n = out[c.name][0]
+            can = n / (c.wall * flow[c.name])  # type: ignore[operator]
+            if can < demand:
+                demand, demand_why = can, f"stage {c.name} at {n} does {can:,.0f}/s"
+    for c in waiting:
+        assert c.wall is not None and c.cpu is not None
+        reason = f"{c.wall * 1e3:.2f} ms/item, {c.cpu / c.wall:.0%} on the CPU: it waits"
+        if math.isinf(demand):
+            out[c.name] = (c.bound, f"{reason}; nothing else limits: its bound {c.bound}")
+            continue
+        n = max(1, min(c.bound, math.ceil(1.25 * flow[c.name] * demand * c.wall)))
+        out[c.name] = (n, f"{reason}; {demand_why}; Little's law with 25% spare: {n}")
+    return out

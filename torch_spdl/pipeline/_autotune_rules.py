@@ -1,0 +1,577 @@
+"""The autotuner's decisions: a controller fed one sample per tick, answering what to resize.
+
+Pure decision logic, kept apart from the thread that measures (``_autotune.py``) so that
+every rule can be tested on synthetic samples: it reads no clock and starts no thread.
+
+1. **Model** (the first ticks, short ones): from the first items through each stage, its
+   wall and CPU seconds per item, Little's law sizes every autotuned stage at once
+   (``_autotune_model.py``). The jump is judged like any trial: reverted if it breaks the
+   memory limit or does not raise throughput, scaled back if it goes over the CPU budget.
+2. **Hill-climb**: change one stage at a time (double the bottleneck, or bisect towards a
+   value known not to help; trim a stage that waits on the others) and keep a change only
+   if delivered throughput rises by more than ``min_gain`` within the budgets, so every
+   kept change is an improvement and the configuration cannot cycle.
+3. **Hold**: watch for going over a budget (shrink) or for a workload change (model again,
+   then climb again).
+
+Every decision is recorded as a :class:`Decision` (``events``), with its reason, which the
+sampler thread forwards to the trace; ``decisions`` keeps the same as lines of text.
+See docs/autotune.md for the algorithm in words.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from ._autotune_model import StageCost, model_targets
+from ._autotune_probes import cpu_count
+
+__all__ = [
+    "DEFAULT_CPU_BUDGET",
+    "DEFAULT_MAX_COROUTINES",
+    "DEFAULT_MAX_THREADS",
+    "DEFAULT_START",
+    "AutotuneConfig",
+    "AutotuneController",
+    "AutotuneSample",
+    "Decision",
+    "StageSample",
+]
+
+_LG = logging.getLogger("torch_spdl.pipeline.autotune")
+
+DEFAULT_CPU_BUDGET = 0.4
+DEFAULT_MAX_THREADS = 64
+DEFAULT_MAX_COROUTINES = 256
+# Where an autotuned stage starts: enough workers for the first items (what the model
+# measures) to come quickly, few enough to cost nothing for the few ms before the model.
+DEFAULT_START = 4
+
+
+@dataclass(frozen=True)
+class AutotuneConfig:
+    """The controller's knobs.
+
+    ``cpu_budget``: the most process CPU time per second, as a fraction of the cores this
+    process may use (0.4 on 8 cores: 3.2 cores). ``memory_limit``: the most resident memory
+    in bytes (None: no bound). A tick is ``interval`` seconds; after each change the first
+    ``settle_ticks`` are ignored and the next ``measure_ticks`` averaged. A change is kept
+    when throughput rises by more than ``min_gain``; at a held configuration, a shift of
+    more than ``drift`` for ``drift_windows`` windows in a row starts a new exploration
+    (one window when the model then asks for ``remodel_factor`` times more or less of a
+    stage). The process may exceed the CPU budget by ``cpu_tolerance`` (relative) before
+    stages are shrunk, a band that keeps grow and shrink decisions apart. A stage is a
+    bottleneck when its input queue is fuller than its output queue by
+    ``bottleneck_margin``. The model step ticks every ``model_interval`` seconds until each
+    autotuned stage has finished ``model_items`` items (at most ``model_ticks`` ticks);
+    ``model=False`` skips it (hill-climbing only, as before the model existed).
+    """
+
+    cpu_budget: float = DEFAULT_CPU_BUDGET
+    memory_limit: int | None = None
+    interval: float = 0.1
+    settle_ticks: int = 1
+    measure_ticks: int = 3
+    min_gain: float = 0.03
+    drift: float = 0.2
+    drift_windows: int = 2
+    cpu_tolerance: float = 0.1
+    bottleneck_margin: float = 0.2
+    model: bool = True
+    model_interval: float = 0.005
+    model_items: int = 2
+    model_ticks: int = 30
+    remodel_factor: float = 1.25
+
+    def __post_init__(self) -> None:
+        if not 0 < self.cpu_budget <= 1:
+            raise ValueError(
+                f"cpu_budget must be a fraction of the machine's cores in (0, 1], "
+                f"got {self.cpu_budget!r}"
+            )
+        if self.memory_limit is not None and self.memory_limit <= 0:
+            raise ValueError(
+                f"memory_limit must be a positive number of bytes, got {self.memory_limit!r}"
+            )
+        if self.interval <= 0 or self.model_interval <= 0:
+            raise ValueError(
+                f"the autotune interval must be positive, got {self.interval!r} "
+                f"(model_interval {self.model_interval!r})"
+            )
+        if self.measure_ticks < 1 or self.settle_ticks < 0:
+            raise ValueError("measure_ticks must be >= 1 and settle_ticks >= 0")
+        if self.model_items < 1 or self.model_ticks < 1:
+            raise ValueError("model_items and model_ticks must be >= 1")
+
+
+@dataclass(frozen=True)
+class StageSample:
+    """One stage over one tick. Occupancies are 0 (empty) to 1 (full).
+
+    ``min_concurrency`` is the least the tuner may set. ``measured`` says whether the
+    cost fields are filled: ``items`` finished over the tick,
+    ``busy`` wall seconds and ``cpu_busy`` CPU seconds (None: not measured) inside the op
+    for them, summed over workers.
+    """
+
+    name: str
+    concurrency: int
+    max_concurrency: int  # the concurrency of a fixed stage
+    tunable: bool
+    in_occupancy: float
+    out_occupancy: float
+    measured: bool = False
+    items: int = 0
+    busy: float = 0.0
+    cpu_busy: float | None = None
+    min_concurrency: int = 1  # the least the stage may run
+
+
+@dataclass(frozen=True)
+class AutotuneSample:
+    """The whole pipeline over one tick (``seconds`` long; 0: the configured interval)."""
+
+    throughput: float  # items/s delivered to the consumer
+    cpu: float  # process CPU time / (wall time * cores)
+    rss: int | None  # resident bytes, None if unknown
+    stages: tuple[StageSample, ...]
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decision: ``stage`` set to ``concurrency`` (both None for a decision to hold)."""
+
+    stage: str | None
+    concurrency: int | None
+    reason: str
+
+
+class AutotuneController:
+    """Decides concurrency changes from samples; holds no thread and reads no clock.
+
+    Phases: ``model`` (the first ticks: measure what items cost), ``baseline`` (measure the
+    current configuration), ``trial`` (stages were resized; keep or revert), ``steady``
+    (nothing to try; watch for a workload change or for going over budget). ``cores`` is
+    what ``cpu`` fractions are of (default: the cores this process may use).
+    """
+
+    def __init__(self, config: AutotuneConfig | None = None, *, cores: int | None = None) -> None:
+        self.config = config or AutotuneConfig()
+        self.cores = cores or cpu_count()
+        self.phase = "model" if self.config.model else "baseline"
+        self._skip = 0 if self.config.model else self.config.settle_ticks
+        self._window: list[AutotuneSample] = []
+        self._last: list[AutotuneSample] = []  # the last full window
+        self._base = 0.0  # throughput of the configuration held
+        self._trial: dict[str, tuple[int, int]] = {}  # stage: (old, new)
+        self._jump = False  # the trial is the model's joint step
+        self._unjudged = False  # ... taken in the model phase: kept unless over a budget
+        self._model_why = "first items"
+        self._trimmed: set[str] = set()  # stages whose trim was tried at this configuration
+        self._undo: list[tuple[str, int]] = []  # kept growths, newest last
+        self._ceiling: dict[str, int] = {}  # a concurrency known not to help, per stage
+        self._unmodelled: set[str] = set()  # stages whose model step failed: climb only
+        self._conc: dict[str, int] = {}
+        self._floor: dict[str, int] = {}
+        self._least_wall: dict[str, float] = {}  # per stage, over the model's windows
+        self._drifted = 0
+        self._over_windows = 0
+        self.decisions: list[str] = []  # what was decided and why, as text
+        self.events: list[Decision] = []  # the same, structured (for the trace)
+
+    @property
+    def baseline(self) -> float:
+        """The throughput of the configuration currently held."""
+        return self._base
+
+    @property
+    def interval(self) -> float:
+        """How long the next tick should be: short while the model measures."""
+        return self.config.model_interval if self.phase == "model" else self.config.interval
+
+    def held(self) -> dict[str, int]:
+        """The configuration to remember: a one-stage trial counts as not taken."""
+        conf = dict(self._conc)
+        if not self._jump:
+            conf.update({name: old for name, (old, _) in self._trial.items()})
+        return conf
+
+    def step(self, sample: AutotuneSample) -> dict[str, int]:
+        """Take one tick's sample; return ``{stage name: new concurrency}`` to apply."""
+        for s in sample.stages:
+            self._conc.setdefault(s.name, s.concurrency)
+            self._floor[s.name] = s.min_concurrency
+        if self.phase == "model":
+            changes = self._model_step(sample)
+            if self.phase == "model" or changes:
+                return changes
+            self._skip = self.config.settle_ticks  # no model: climb, as before
+        if self._skip > 0:
+            self._skip -= 1
+            return {}
+        self._window.append(sample)
+        if len(self._window) < self.config.measure_ticks:
+            return {}
+        window, self._window = self._window, []
+        self._last = window
+        tput = sum(s.throughput for s in window) / len(window)
+        cpu = sum(s.cpu for s in window) / len(window)
+        rss = max((s.rss for s in window if s.rss is not None), default=None)
+        latest = window[-1]
+        if self.phase == "trial":
+            return self._judge(tput, cpu, rss, latest)
+        if self.phase == "steady":
+            return self._watch(tput, cpu, rss, latest)
+        self._base = tput
+        return self._decide(cpu, rss, latest)
+
+    # -- decisions -------------------------------------------------------------------------
+    def _note(self, message: str, stage: str | None = None, value: int | None = None) -> None:
+        self.decisions.append(message)
+        self.events.append(Decision(stage, value, message))
+        _LG.debug("autotune: %s", message)
+
+    def _over_memory(self, rss: int | None) -> bool:
+        limit = self.config.memory_limit
+        return limit is not None and rss is not None and rss > limit
+
+    def _over(self, cpu: float, rss: int | None) -> bool:
+        cfg = self.config
+        return cpu > cfg.cpu_budget * (1 + cfg.cpu_tolerance) or self._over_memory(rss)
+
+    def _apply(self, changes: dict[str, int]) -> dict[str, int]:
+        self._conc.update(changes)
+        self._skip = self.config.settle_ticks
+        return changes
+
+    # -- the model -------------------------------------------------------------------------
+    def _model_step(self, sample: AutotuneSample) -> dict[str, int]:
+        tunable = [s for s in sample.stages if s.tunable]
+        if not any(s.measured for s in tunable):
+            self.phase = "baseline"  # nothing measures costs: hill-climb only
+            return {}
+        self._window.append(sample)
+        done: dict[str, int] = {}
+        for smp in self._window:
+            for s in smp.stages:
+                done[s.name] = done.get(s.name, 0) + s.items
+        ready = all(done.get(s.name, 0) >= self.config.model_items for s in tunable if s.measured)
+        if not ready and len(self._window) < self.config.model_ticks:
+            return {}
+        window, self._window = self._window, []
+        if self._model_why == "first items":
+            self._base = sum(s.throughput for s in window) / len(window)
+        self.phase = "baseline"
+        changes = self._jump_to_model(window, self._model_why)
+        self._unjudged = bool(changes)  # short ticks measure costs well, throughput not
+        return changes
+
+    def _costs(self, window: list[AutotuneSample]) -> tuple[list[StageCost], float]:
+        """Per-stage costs over ``window``, and the process's CPU over it in cores."""
+        seconds = [s.seconds or self.config.interval for s in window]
+        total = sum(seconds)
+        cpu_cores = sum(s.cpu * t for s, t in zip(window, seconds, strict=True)) / total
+        costs = []
+        least = self._least_wall
+        for i, s in enumerate(window[-1].stages):
+            items = sum(w.stages[i].items for w in window)
+            busy = sum(w.stages[i].busy for w in window)
+            cpus = [w.stages[i].cpu_busy for w in window]
+            cpu = None if any(c is None for c in cpus) or not items else sum(cpus) / items  # type: ignore[arg-type]
+            if items and s.measured:
+                least[s.name] = min(least.get(s.name, math.inf), busy / items)
+            costs.append(
+                StageCost(
+                    name=s.name,
+                    tunable=s.tunable,
+                    concurrency=self._conc.get(s.name, s.concurrency),
+                    bound=s.max_concurrency,
+                    rate=items / total if s.measured else 0.0,
+                    wall=busy / items if items and s.measured else None,
+                    cpu=cpu if s.measured else None,
+                    least_wall=least.get(s.name),
+                )
+            )
+        return costs, cpu_cores * self.cores
+
+    def _model_changes(
+        self, window: list[AutotuneSample], *, start: bool = False
+    ) -> dict[str, tuple[int, str]]:
+        costs, cpu_cores = self._costs(window)
+        targets = model_targets(
+            costs,
+            cpu_used=cpu_cores,
+            budget=self.config.cpu_budget * self.cores,
+            sink_occupancy=window[-1].stages[-1].out_occupancy if window[-1].stages else 0.0,
+            count_outside=not start,
+        )
+        out = {}
+        for name, (n, why) in targets.items():
+            if name in self._ceiling:
+                n = min(n, self._ceiling[name] - 1)
+            out[name] = (max(n, self._floor.get(name, 1)), why)
+        return out
+
+    def _jump_to_model(self, window: list[AutotuneSample], why: str) -> dict[str, int]:
+        """Size every measured autotuned stage by the model, as one trial."""
+        if self._over_memory(max((s.rss for s in window if s.rss is not None), default=None)):
+            self._note(f"model ({why}): over the memory limit, no jump")
+            return {}
+        changes: dict[str, int] = {}
+        start = why == "first items"
+        for name, (n, reason) in self._model_changes(window, start=start).items():
+            old = self._conc.get(name, 1)
+            n = max(1, n)
+            if n == old:
+                continue
+            changes[name] = n
+            self._trial[name] = (old, n)
+            self._note(f"model {name}: {old} -> {n} ({why}: {reason})", name, n)
+        if not changes:
+            self._note(f"model ({why}): the concurrency held is right")
+            return {}
+        self._jump = True
+        self.phase = "trial"
+        return self._apply(changes)
+
+    # -- the climb -------------------------------------------------------------------------
+    def _decide(self, cpu: float, rss: int | None, latest: AutotuneSample) -> dict[str, int]:
+        if self._over(cpu, rss):
+            return self._shrink(cpu, rss, latest)
+        if cpu >= self.config.cpu_budget or self._over_memory(rss):
+            self._note(f"at the CPU budget ({cpu:.0%}): hold")
+            return self._hold()
+        if self.config.model and self._last:
+            grow = self._model_growth()
+            if grow:
+                return grow
+        proposal = self._propose(latest) or self._propose_trim(latest)
+        if proposal is None:
+            return self._hold()
+        name, old, new = proposal
+        self._trial = {name: (old, new)}
+        self._jump = False
+        self.phase = "trial"
+        self._note(f"try {name}: {old} -> {new} (throughput {self._base:.1f}/s)", name, new)
+        return self._apply({name: new})
+
+    def _model_growth(self) -> dict[str, int]:
+        """The model again, on the window just measured (costs per item fall as the rate
+        rises: wake-ups amortise): a joint trial when it asks for at least
+        ``remodel_factor`` times more of some stage."""
+        factor = self.config.remodel_factor
+        changes: dict[str, int] = {}
+        for name, (n, reason) in self._model_changes(self._last).items():
+            old = self._conc.get(name, 1)
+            if name in self._unmodelled:
+                continue
+            if n >= factor * old or (n > old and n - old >= 8 and n >= 1.25 * old):
+                changes[name] = n
+                self._trial[name] = (old, n)
+                self._note(f"model {name}: {old} -> {n} (refine: {reason})", name, n)
+        if changes:
+            self._jump = True
+            self.phase = "trial"
+            self._apply(changes)
+        return changes
+
+    def _propose_trim(self, latest: AutotuneSample) -> tuple[str, int, int] | None:
+        """Nothing left to grow: try a quarter less of the tunable stage that waits most on
+        its input. On a busy machine surplus workers cost CPU that the bottleneck could use;
+        the trim is kept only if throughput rises, like any other trial. The bottleneck
+        itself is not trimmed: fewer of it can only deliver less, and the trial would cost a
+        window of lower throughput for nothing."""
+        margin = self.config.bottleneck_margin
+        stages = [
+            s
+            for s in latest.stages
+            if s.tunable
+            and s.name not in self._trimmed
+            and self._conc.get(s.name, 1) > s.min_concurrency
+            and s.in_occupancy - s.out_occupancy < margin  # not the bottleneck: fewer is worse
+        ]
+        if not stages:
+            return None
+        s = min(stages, key=lambda s: s.in_occupancy)
+        self._trimmed.add(s.name)
+        cur = self._conc.get(s.name, s.concurrency)
+        return s.name, cur, max(s.min_concurrency, cur - max(1, cur // 4))
+
+    def _propose(self, latest: AutotuneSample) -> tuple[str, int, int] | None:
+        """The bottleneck among tunable stages and the concurrency to try for it."""
+        margin = self.config.bottleneck_margin
+        best: StageSample | None = None
+        for s in latest.stages:
+            if not s.tunable:
+                continue
+            score = s.in_occupancy - s.out_occupancy
+            if score >= margin and (best is None or score > best.in_occupancy - best.out_occupancy):
+                best = s
+        if best is None:
+            return None
+        cur = self._conc.get(best.name, best.concurrency)
+        ceiling = min(
+            self._ceiling.get(best.name, best.max_concurrency + 1), best.max_concurrency + 1
+        )
+        if ceiling > best.max_concurrency and cur * 2 <= best.max_concurrency:
+            new = cur * 2  # nothing known above: grow multiplicatively
+        else:
+            new = cur + (ceiling - cur) // 2  # bisect towards what did not help
+            if new <= cur or (ceiling - cur) * 4 <= cur:
+                return None  # saturated: the bottleneck cannot usefully grow
+        return best.name, cur, min(new, best.max_concurrency)
+
+    def _judge(
+        self, tput: float, cpu: float, rss: int | None, latest: AutotuneSample
+    ) -> dict[str, int]:
+        trial, jump, unjudged = self._trial, self._jump, self._unjudged
+        self._trial, self._jump, self._unjudged = {}, False, False
+        gain = (tput - self._base) / self._base if self._base > 0 else (1.0 if tput > 0 else 0.0)
+        within = cpu <= self.config.cpu_budget and not self._over_memory(rss)
+        if jump and not self._over_memory(rss):
+            if self._over(cpu, rss):
+                return self._scale_back(trial, tput, cpu)
+            within = True  # the model's step may use the tolerance band, as a held one does
+            if unjudged:  # its base was a few short ticks: noise, not a rate to beat
+                gain = max(gain, self.config.min_gain * 2)
+        if gain > self.config.min_gain and within:
+            what = (
+                "the model's step" if jump else ", ".join(f"{k}={n}" for k, (_, n) in trial.items())
+            )
+            if unjudged:
+                self._note(f"keep {what}: {tput:.1f}/s within the budgets")
+            else:
+                self._note(f"keep {what}: {self._base:.1f} -> {tput:.1f}/s ({gain:+.0%})")
+            self._base = tput
+            for name, (old, new) in trial.items():
+                if new < old:  # growing back is known to be worse: the stage's ceiling now
+                    self._ceiling[name] = old
+                elif not jump:
+                    self._undo.append((name, old))
+                    self._ceiling = {k: v for k, v in self._ceiling.items() if k == name}
+            self._trimmed.clear()
+            self.phase = "baseline"
+            return self._decide(cpu, rss, latest)
+        if within:
+            why = f"gain {gain:+.0%}"
+        elif self._over_memory(rss):
+            why = f"over the memory limit (RSS {rss} bytes)"
+        else:
+            why = f"over budget (CPU {cpu:.0%})"
+        revert: dict[str, int] = {}
+        for name, (old, new) in trial.items():
+            self._note(f"revert {name} to {old}: {why}", name, old)
+            if jump:  # the model was wrong about this stage: the climb takes it from here
+                self._unmodelled.add(name)
+            # Over budget: the limit lies between old and new, so bisect towards it later. No
+            # gain from old to new: throughput is concave in concurrency, so nothing in
+            # between gains either; the stage is saturated at old (no bisection trials).
+            if new > old:
+                limit = new if not within else old + 1
+                self._ceiling[name] = min(limit, self._ceiling.get(name, limit))
+            revert[name] = old
+        self._apply(revert)
+        self.phase = "baseline"
+        if not within:
+            return revert
+        following = self._decide(cpu, rss, latest)  # the next bottleneck, or hold
+        return {**revert, **following}
+
+    def _scale_back(
+        self, trial: dict[str, tuple[int, int]], tput: float, cpu: float
+    ) -> dict[str, int]:
+        """The model's step went over the CPU budget: scale the grown stages down by the
+        excess (the CPU of a stage is about proportional to its workers), keep the rest."""
+        ratio = self.config.cpu_budget / cpu
+        changes: dict[str, int] = {}
+        for name, (old, new) in trial.items():
+            if new <= old:
+                continue
+            n = max(old, min(new - 1, math.floor(new * ratio)))
+            self._ceiling[name] = min(new, self._ceiling.get(name, new))
+            self._unmodelled.add(name)
+            if n != new:
+                changes[name] = n
+                self._note(
+                    f"scale {name} back: {new} -> {n} "
+                    f"(CPU {cpu:.0%}, over the budget of {self.config.cpu_budget:.0%})",
+                    name,
+                    n,
+                )
+        self._base = tput * ratio
+        self.phase = "baseline"
+        return self._apply(changes)
+
+    def _shrink(self, cpu: float, rss: int | None, latest: AutotuneSample) -> dict[str, int]:
+        """Over the CPU budget or memory limit: undo the newest kept growth; without one,
+        shrink the stage that uses the most CPU, by the excess."""
+        memory = self._over_memory(rss)
+        what = f"CPU {cpu:.0%}" if not memory else f"RSS {rss} bytes"
+        if self._undo:
+            name, prev = self._undo.pop()
+        else:
+            tunable = [
+                s
+                for s in latest.stages
+                if s.tunable and self._conc.get(s.name, 1) > s.min_concurrency
+            ]
+            if not tunable:
+                self._note(f"over budget ({what}) with every tunable stage at its least: hold")
+                return self._hold()
+
+            def load(s: StageSample) -> tuple[float, int]:
+                used = s.cpu_busy if s.cpu_busy is not None else 0.0
+                return used, self._conc.get(s.name, s.concurrency)
+
+            top = max(tunable, key=load)
+            name = top.name
+            cur = self._conc.get(name, top.concurrency)
+            factor = 0.5 if memory or cpu <= 0 else self.config.cpu_budget / cpu
+            prev = max(top.min_concurrency, 1, min(cur - 1, math.floor(cur * factor)))
+        cur = self._conc.get(name, prev)
+        self._ceiling[name] = min(cur, self._ceiling.get(name, cur))
+        self._note(f"shrink {name}: {cur} -> {prev} (over budget: {what})", name, prev)
+        self.phase = "baseline"
+        return self._apply({name: prev})
+
+    def _hold(self) -> dict[str, int]:
+        self.phase = "steady"
+        self._drifted = 0
+        self._over_windows = 0
+        return {}
+
+    def _watch(
+        self, tput: float, cpu: float, rss: int | None, latest: AutotuneSample
+    ) -> dict[str, int]:
+        # Holding: shrink only when two windows in a row are over, so that one noisy CPU
+        # reading at the edge of the budget does not cost a worker for good.
+        self._over_windows = self._over_windows + 1 if self._over(cpu, rss) else 0
+        if self._over_windows >= 2:
+            self._over_windows = 0
+            return self._shrink(cpu, rss, latest)
+        base = self._base
+        shift = abs(tput - base) / base if base > 0 else (1.0 if tput > 0 else 0.0)
+        self._drifted = self._drifted + 1 if shift > self.config.drift else 0
+        if not self._drifted:
+            return {}
+        modelled = self.config.model and any(s.measured for s in latest.stages if s.tunable)
+        if self._drifted < self.config.drift_windows and not modelled:
+            return {}
+        self._note(f"workload changed: {base:.1f} -> {tput:.1f}/s; explore again")
+        self._ceiling.clear()
+        self._unmodelled.clear()
+        self._trimmed.clear()
+        self._least_wall.clear()
+        self._base = tput
+        if modelled:
+            # Measure the items' costs afresh (short ticks, all after the change: the window
+            # just seen may straddle it), then size by the model; a shift that was noise
+            # leaves the model where it was, at the cost of a few short ticks.
+            self.phase = "model"
+            self._model_why = "workload changed"
+            return {}
+        self.phase = "baseline"
+        return self._decide(cpu, rss, latest)
