@@ -15,10 +15,8 @@ from typing import Any, Generic, TypeVar
 
 import torch.utils.data
 
-from ..pipeline import PipeConfig, PipelineBuilder, PipelineConfig, build_pipeline
-from ..pipeline._ops import OpKind
-from ..source import DistributedRandomSampler
-from ..source._distributed import resolve_rank_and_world_size
+from ..pipeline import OpKind, PipeConfig, PipelineBuilder, PipelineConfig, build_pipeline
+from ..source import DistributedRandomSampler, resolve_rank_and_world_size
 
 __all__ = ["PipelineDataset"]
 
