@@ -44,6 +44,33 @@ class DataLoader(_TorchDataLoader[_T_co]):
     arguments are keyword-only.
 
     Args:
+        dataset: a map-style dataset (``__getitem__`` and ``__len__``; a
+            :class:`StagedDataset` runs its stages with their own concurrency) or an
+            ``IterableDataset``.
+        batch_size: samples per batch (default 1); None turns automatic batching off, and
+            ``collate_fn`` then gets each sample on its own.
+        shuffle: draw the indices in a random order each epoch (from ``generator``).
+        sampler: the indices to load, in order (excludes ``shuffle``).
+        batch_sampler: the batches of indices to load (excludes ``batch_size``,
+            ``shuffle``, ``sampler`` and ``drop_last``).
+        num_workers: workers running ``__getitem__``: threads or worker processes, as
+            ``worker_type`` says; 0: one background thread samples, loads and collates.
+        collate_fn: makes a batch from a list of samples (default: torch's
+            ``default_collate``, into buffers reused across batches).
+        pin_memory: put each batch in pinned memory (when CUDA is available).
+        drop_last: drop the last batch when it is short.
+        timeout: seconds ``next()`` waits for a batch before raising (0: no limit).
+        worker_init_fn: called with the worker id once in each worker thread or process
+            as it starts (once per loader with ``persistent_workers``).
+        multiprocessing_context: how worker processes are started (a context or its name).
+        generator: the RNG of the sampler and of the workers' base seed (default:
+            torch's global RNG).
+        prefetch_factor: batches in flight per worker (default 2).
+        persistent_workers: keep the worker threads or processes across epochs (stopped
+            by :meth:`shutdown` or when the loader is collected).
+        pin_memory_device: accepted for torch code (torch deprecates it).
+        in_order: deliver batches in sampler order (default); False delivers each as soon
+            as it is ready.
         worker_type: how ``num_workers`` workers run ``__getitem__``: ``"auto"`` (default)
             measures the first batches and picks threads, or worker processes when the work
             holds the GIL (the choice is in :attr:`worker_choice`); ``"thread"`` or
@@ -66,6 +93,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
         per_worker_dataset: give each worker thread its own shallow copy of the dataset,
             as each of torch's worker processes has its own (default); False shares one.
 
+    Raises:
+        ValueError: for an unknown ``worker_type``, a knob that is not a positive int (or
+            ``"auto"`` where allowed), a negative ``max_failures``, or what torch rejects.
     """
 
     def __init__(
@@ -247,7 +277,12 @@ class DataLoader(_TorchDataLoader[_T_co]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` continues the saved epoch where it stopped (a state
-        taken after an epoch ended makes the next ``iter()`` a fresh epoch)."""
+        taken after an epoch ended makes the next ``iter()`` a fresh epoch).
+
+        Args:
+            state: what :meth:`state_dict` returned (for this loader's dataset and
+                sampler).
+        """
         self._resume = None
         if state.get("rng_state") is None:
             return

@@ -121,9 +121,16 @@ def decide(
     cores: int | None = None,
     more_threads: bool = True,
 ) -> WorkerChoice:
-    """The plan for a measurement (the rule in this module's docstring); ``cores``: those
-    this process may run on (default: its affinity mask); ``more_threads``: whether waiting
-    work may get more threads than ``num_workers`` (not with a ``worker_init_fn``)."""
+    """The plan for a measurement (the rule in this module's docstring).
+
+    Args:
+        m: what the first batches' loading measured.
+        num_workers: the loader's ``num_workers``.
+        batch_size: samples per batch.
+        cores: the cores this process may run on (default: its affinity mask).
+        more_threads: whether waiting work may get more threads than ``num_workers``
+            (not with a ``worker_init_fn``, which sets up one worker each).
+    """
     if cores is None:
         cores = usable_cores()
     usable = min(max(num_workers, 2), cores)
