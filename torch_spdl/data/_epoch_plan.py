@@ -1,13 +1,14 @@
 """What a DataLoader hands each epoch: a frozen plan, and the resources it keeps.
 
-An epoch used to read its settings off the loader (torch's private attributes among them)
-and call the loader's private methods. Now the loader makes an :class:`EpochPlan` at
-``__iter__`` (every setting the epoch needs, fixed for the epoch, so changing the loader
-mid-epoch cannot change a running one) and hands it over with its
-:class:`LoaderResources`: what outlives an epoch (persistent worker threads and their ids,
-persistent worker processes, the recycled collate buffers, where ``"auto"`` stages settled,
-and what ``worker_type="auto"`` chose). The epoch asks the resources through their small
-interface and never sees the loader.
+An epoch needs some thirty of its loader's settings (torch's private ones among them:
+the index sampler, automatic batching) and the things the loader keeps across epochs.
+Rather than the loader itself, it gets an :class:`EpochPlan`, made by the loader at
+``__iter__`` (every setting, fixed for the epoch, so changing the loader mid-epoch cannot
+change a running one), and the loader's :class:`LoaderResources`: what outlives an epoch
+(persistent worker threads and their ids, persistent worker processes, the recycled
+collate buffers, where ``"auto"`` stages settled, what ``worker_type="auto"`` chose). The
+epoch asks the resources through their small interface; of the loader it only calls
+``len()`` (``EpochPlan.length``, which a subclass may define).
 """
 
 from __future__ import annotations
