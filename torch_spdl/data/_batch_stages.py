@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ._batching import BatchError, FailureBudget, Slot, settle
 from ._fetch import Fetched, fetch_batch
 from ._process_workers import ProcessWorkers
-from ._stages import BatchError, FailureBudget, Slot, settle
 from ._worker import WorkerGroup, single_threaded_ops
 from ._worker_choice import Probe, SwitchGate, WorkerChoice, clock, decide
 

@@ -13,26 +13,22 @@ chose, and batches come out in sampler order (``in_order=True``) as with torch.
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Literal, TypeVar
 
 import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data import IterableDataset
 
-from ._collate import RecyclingCollate
-from ._epoch import EpochIterator, set_rng_state, stage_fns
-from ._process_workers import ProcessWorkers
+from ._epoch import EpochIterator, set_rng_state
+from ._epoch_plan import EpochPlan, LoaderResources, Loading
 from ._staged import StagedDataset
-from ._worker import WorkerGroup, install_torch_worker_info
+from ._worker import install_torch_worker_info
 from ._worker_choice import WorkerChoice
 
 __all__ = ["DataLoader"]
 
-_LG = logging.getLogger("torch_spdl.data")
 install_torch_worker_info()  # torch.utils.data.get_worker_info() answers in loader threads
 _WORKER_TYPES = ("auto", "thread", "process")
 
@@ -48,6 +44,33 @@ class DataLoader(_TorchDataLoader[_T_co]):
     arguments are keyword-only.
 
     Args:
+        dataset: a map-style dataset (``__getitem__`` and ``__len__``; a
+            :class:`StagedDataset` runs its stages with their own concurrency) or an
+            ``IterableDataset``.
+        batch_size: samples per batch (default 1); None turns automatic batching off, and
+            ``collate_fn`` then gets each sample on its own.
+        shuffle: draw the indices in a random order each epoch (from ``generator``).
+        sampler: the indices to load, in order (excludes ``shuffle``).
+        batch_sampler: the batches of indices to load (excludes ``batch_size``,
+            ``shuffle``, ``sampler`` and ``drop_last``).
+        num_workers: workers running ``__getitem__``: threads or worker processes, as
+            ``worker_type`` says; 0: one background thread samples, loads and collates.
+        collate_fn: makes a batch from a list of samples (default: torch's
+            ``default_collate``, into buffers reused across batches).
+        pin_memory: put each batch in pinned memory (when CUDA is available).
+        drop_last: drop the last batch when it is short.
+        timeout: seconds ``next()`` waits for a batch before raising (0: no limit).
+        worker_init_fn: called with the worker id once in each worker thread or process
+            as it starts (once per loader with ``persistent_workers``).
+        multiprocessing_context: how worker processes are started (a context or its name).
+        generator: the RNG of the sampler and of the workers' base seed (default:
+            torch's global RNG).
+        prefetch_factor: batches in flight per worker (default 2).
+        persistent_workers: keep the worker threads or processes across epochs (stopped
+            by :meth:`shutdown` or when the loader is collected).
+        pin_memory_device: accepted for torch code (torch deprecates it).
+        in_order: deliver batches in sampler order (default); False delivers each as soon
+            as it is ready.
         worker_type: how ``num_workers`` workers run ``__getitem__``: ``"auto"`` (default)
             measures the first batches and picks threads, or worker processes when the work
             holds the GIL (the choice is in :attr:`worker_choice`); ``"thread"`` or
@@ -70,6 +93,10 @@ class DataLoader(_TorchDataLoader[_T_co]):
             and the epoch goes on.
         per_worker_dataset: give each worker thread its own shallow copy of the dataset,
             as each of torch's worker processes has its own (default); False shares one.
+
+    Raises:
+        ValueError: for an unknown ``worker_type``, a knob that is not a positive int (or
+            ``"auto"`` where allowed), a negative ``max_failures``, or what torch rejects.
     """
 
     def __init__(
@@ -145,30 +172,40 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self.device = device
         self.max_failures = max_failures
         self.per_worker_dataset = per_worker_dataset
-        self.num_failures = 0
         self.check_worker_number_rationality()
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
         self._live: weakref.ReferenceType[EpochIterator] | None = None
-        self._executor: Executor | None = None  # persistent worker threads
-        self._executor_threads = 0
-        self._process_workers: ProcessWorkers | None = None  # persistent worker processes
-        self._finalizers: list[weakref.finalize] = []
-        #: How ``__getitem__`` runs: set at once for ``worker_type="thread"``/``"process"``,
-        #: after the first batches of the first epoch for ``"auto"`` (None until then).
-        self.worker_choice: WorkerChoice | None = None
+        choice = None
         if worker_type != "auto" and num_workers > 0:
             threads = worker_type == "thread"
-            self.worker_choice = WorkerChoice(
+            choice = WorkerChoice(
                 worker_type,
                 num_workers if threads else 0,
                 not threads,
                 f"worker_type={worker_type!r}",
             )
-        self._group: WorkerGroup | None = None
-        self._collate: RecyclingCollate | None = None
-        # Where each "auto" stage ended last epoch: the next epoch starts there.
-        self._tuned: dict[str, int] = {}
+        # What outlives an epoch: persistent workers, recycled buffers, what was learned.
+        self._resources = LoaderResources(choice)
+
+    @property
+    def worker_choice(self) -> WorkerChoice | None:
+        """How ``__getitem__`` runs: set at once for ``worker_type="thread"``/``"process"``,
+        after the first batches of the first epoch for ``"auto"`` (None until then)."""
+        return self._resources.worker_choice
+
+    @worker_choice.setter
+    def worker_choice(self, choice: WorkerChoice | None) -> None:
+        self._resources.worker_choice = choice
+
+    @property
+    def num_failures(self) -> int:
+        """Samples skipped under ``max_failures`` in the current epoch."""
+        return self._resources.num_failures
+
+    @num_failures.setter
+    def num_failures(self, count: int) -> None:
+        self._resources.num_failures = count
 
     def check_worker_number_rationality(self) -> None:
         # torch warns when num_workers exceeds the cores; threads waiting on I/O are cheap,
@@ -180,16 +217,45 @@ class DataLoader(_TorchDataLoader[_T_co]):
     def __iter__(self) -> EpochIterator:  # type: ignore[override]
         self._epoch += 1
         resume, self._resume = self._resume, None
-        iterator = EpochIterator(self, resume)
+        iterator = EpochIterator(self._plan(), self._resources, resume)
         self._live = weakref.ref(iterator)
         return iterator
 
-    @property
-    def _threads(self) -> int:
-        return max(self.num_workers, 1)
+    def _plan(self) -> EpochPlan:
+        """This epoch's settings, as they are now."""
+        map_style = not isinstance(self.dataset, IterableDataset)
+        return EpochPlan(
+            epoch=self._epoch,
+            dataset=self.dataset,
+            map_style=map_style,
+            index_sampler=self._index_sampler,
+            length=self.__len__,
+            generator=self.generator,
+            batch_size=self.batch_size,
+            auto_collation=self._auto_collation,
+            drop_last=self.drop_last,
+            collate_fn=self.collate_fn,
+            num_workers=self.num_workers,
+            worker_type=self.worker_type,
+            worker_init_fn=self.worker_init_fn,
+            per_worker_dataset=self.per_worker_dataset,
+            persistent_workers=self.persistent_workers,
+            multiprocessing_context=self.multiprocessing_context,
+            prefetch_factor=self.prefetch_factor or 2,
+            in_order=self.in_order,
+            timeout=self.timeout if self.timeout > 0 else None,
+            io_concurrency=self.io_concurrency,
+            cpu_concurrency=self.cpu_concurrency,
+            collate_concurrency=self.collate_concurrency,
+            buffer_size=self.buffer_size,
+            device=self.device,
+            pin_memory=self.pin_memory,
+            max_failures=self.max_failures,
+            loading=self._loading() if map_style else None,
+        )
 
-    def _epoch_plan(self) -> WorkerChoice | str:
-        """How this epoch loads a map-style dataset (see ``EpochIterator._build_map``)."""
+    def _loading(self) -> Loading:
+        """How this epoch loads a map-style dataset (see ``EpochParts.build_map``)."""
         if isinstance(self.dataset, StagedDataset):
             return "staged"
         if self.num_workers == 0:
@@ -198,78 +264,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
             return WorkerChoice("thread", self.num_workers, False, "worker_type='thread'")
         return self.worker_choice or "probe"
 
-    def _chose(self, choice: WorkerChoice) -> None:
-        """``worker_type="auto"`` decided (on a loader thread): kept for later epochs."""
-        self.worker_choice = choice
-        _LG.info("torch_spdl.DataLoader(worker_type='auto'): %s", choice)
-
-    def _persistent_executor(self, threads: int) -> Executor | None:
-        """The threads that outlive epochs when ``persistent_workers=True`` (made again,
-        once, when ``worker_type="auto"`` chose another number of threads)."""
-        if not self.persistent_workers:
-            return None
-        if self._executor is not None and self._executor_threads != threads:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor, self._group = None, None
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(threads, thread_name_prefix="torch_spdl-worker")
-            self._executor_threads = threads
-            self._finalizers.append(
-                weakref.finalize(self, self._executor.shutdown, wait=True, cancel_futures=True)
-            )
-        return self._executor
-
-    def _make_process_workers(self, base_seed: int) -> ProcessWorkers:
-        return ProcessWorkers(
-            self.dataset,
-            self.num_workers,
-            base_seed,
-            self.worker_init_fn,
-            self.collate_fn,
-            self._auto_collation,
-            in_flight=self.prefetch_factor or 2,
-            mp_context=self.multiprocessing_context,
-            stage_fns=stage_fns,
-            iterable=(
-                (self.batch_size if self._auto_collation else None, self.drop_last)
-                if isinstance(self.dataset, IterableDataset)
-                else None
-            ),
-        )
-
-    def _persistent_process_workers(self, base_seed: int, split: int) -> ProcessWorkers | None:
-        """The worker processes that outlive epochs when ``persistent_workers=True``."""
-        if not self.persistent_workers:
-            return None
-        if self._process_workers is None:
-            self._process_workers = self._make_process_workers(base_seed)
-            self._finalizers.append(weakref.finalize(self, self._process_workers.shutdown))
-        return self._process_workers
-
-    def _recycling_collate(self, limit: int) -> RecyclingCollate:
-        """``default_collate`` into buffers that this loader reuses across epochs."""
-        if self._collate is None:
-            self._collate = RecyclingCollate(limit)
-        return self._collate
-
-    def _drop_recycled_buffers(self) -> None:
-        """Batches now come from worker processes: the buffers kept for batches collated
-        on threads (while ``"auto"`` measured) would be inherited by every worker."""
-        self._collate = None
-
-    def _persistent_group(self, first: WorkerGroup) -> WorkerGroup:
-        """Persistent workers keep their ids (and ran ``worker_init_fn`` once)."""
-        if self._group is None:
-            self._group = first
-        return self._group
-
     def shutdown(self) -> None:
         """Stop persistent workers now (they also stop when the loader is collected)."""
-        for finalizer in self._finalizers:
-            finalizer()
-        self._finalizers = []
-        self._executor = None
-        self._process_workers = None
+        self._resources.shutdown()
 
     # -- resumable state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -281,7 +278,12 @@ class DataLoader(_TorchDataLoader[_T_co]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next ``iter()`` continues the saved epoch where it stopped (a state
-        taken after an epoch ended makes the next ``iter()`` a fresh epoch)."""
+        taken after an epoch ended makes the next ``iter()`` a fresh epoch).
+
+        Args:
+            state: what :meth:`state_dict` returned (for this loader's dataset and
+                sampler).
+        """
         self._resume = None
         if state.get("rng_state") is None:
             return

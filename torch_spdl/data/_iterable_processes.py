@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
+from ._batching import BatchError
 from ._fetch import Fetched
 from ._process_workers import ITERATE, ProcessWorkers
-from ._stages import BatchError
 
 __all__ = ["process_batches"]
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._stages import BatchError
+from ._batching import BatchError
 from ._worker import WorkerGroup
 
 __all__ = ["IterableWorkers"]

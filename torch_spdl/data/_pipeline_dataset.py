@@ -15,10 +15,8 @@ from typing import Any, Generic, TypeVar
 
 import torch.utils.data
 
-from ..pipeline import PipeConfig, PipelineBuilder, PipelineConfig, build_pipeline
-from ..pipeline._ops import OpKind
-from ..source import DistributedRandomSampler
-from ..source._distributed import resolve_rank_and_world_size
+from ..pipeline import OpKind, PipeConfig, PipelineBuilder, PipelineConfig, build_pipeline
+from ..source import DistributedRandomSampler, resolve_rank_and_world_size
 
 __all__ = ["PipelineDataset"]
 
@@ -108,6 +106,17 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
     ``disaggregate``), it is the number of source items this rank reads, which assumes no
     op returns ``None`` or fails. Otherwise ``len()`` raises ``TypeError``, as torch does
     for an iterable dataset of unknown length.
+
+    Args:
+        builder: the pipeline's declaration, or a zero-argument callable returning it.
+        length: what ``len()`` returns (default: worked out as above).
+        shard: split the source across worker processes and ranks (default True).
+        rank: this process's rank (default: detected at iteration time).
+        world_size: the number of ranks (default: detected at iteration time).
+        num_threads: the most worker threads of each sync stage (as in ``build``).
+        max_failures: failed items the pipeline may drop before it fails (-1: no limit).
+        report_stats_interval: log the stage table every that many seconds (> 0).
+        queue_size: the capacity of the queues between stages (default: the engine's).
     """
 
     def __init__(

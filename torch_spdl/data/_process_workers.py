@@ -17,11 +17,11 @@ torch seeds them, with ``base_seed + worker_id``) produces the same batches as u
 The workers are forked (the default on Linux, as with torch), so the dataset is not
 pickled; they are forked when the pool is made, by the thread that iterates the loader,
 before the epoch's pipeline starts any thread. A fork copies only the calling thread, and
-the child runs nothing but the dataset, the collate function and this module's loop, so a
-lock held by another thread at that moment (one of another pipeline's, say) is never
-needed in the child. Each child closes the pipes of its siblings, so that its parent's
-death reaches it as the end of its pipe; the arenas are the loader's and any worker may
-write a batch into any of them.
+the child runs nothing but the dataset, the collate function and the loop of
+:mod:`._process_worker_main`, so a lock held by another thread at that moment (one of
+another pipeline's, say) is never needed in the child. Each child closes the pipes of its
+siblings, so that its parent's death reaches it as the end of its pipe; the arenas are the
+loader's and any worker may write a batch into any of them.
 
 One receiver thread in the loader's process waits on every worker's pipe and on every
 worker's exit at once: a worker that dies (killed, ``os._exit``, a crash in C) fails the
@@ -31,33 +31,26 @@ batches it held with an error that names it, instead of leaving the loader waiti
 from __future__ import annotations
 
 import functools
-import gc
 import itertools
 import multiprocessing as mp
-import os
-import pickle
 import signal
 import threading
-import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
-from ._fetch import Fetched, IterableFetcher, fetch_batch
+from ._fetch import Fetched
 from ._leases import NO_ARENA, Leases
-from ._libc import return_large_blocks, trim
-from ._shared_batch import Arena, dump_batch, load_batch
-from ._worker import set_process_worker_info
+from ._libc import trim
+from ._process_worker_main import ITERATE, rebuild_error, worker_main
+from ._shared_batch import Arena, load_batch
 
-__all__ = ["ProcessWorkers", "WorkerFailure"]
+__all__ = ["ITERATE", "ProcessWorkers", "WorkerFailure"]
 
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
-_WATCHDOG_S = 5.0  # how often an idle worker checks that the loader's process still lives
 _HELD_BATCHES = 2  # arenas beyond the bound for the batches the training loop holds
 _WARM_ARENAS = 1  # arenas that keep their pages between batches (see _leases)
-ITERATE = -2
-"""The ``split`` of a task that asks an iterable dataset's worker for its next batch."""
 
 
 class WorkerFailure(RuntimeError):
@@ -151,7 +144,7 @@ class ProcessWorkers:
                 for end in (o.tasks, o.results, *o.child_ends)
             ]
             w.process = ctx.Process(
-                target=_worker_main,
+                target=worker_main,
                 args=(w.wid, config, stage_fns, *w.child_ends, self._arenas, others),
                 name=f"torch_spdl-worker-{w.wid}",
                 daemon=True,
@@ -259,7 +252,7 @@ class ProcessWorkers:
                 worker = conns.get(r)
                 if worker is not None:
                     try:
-                        self._settle(worker, r.recv())
+                        self._settle(worker, worker.results.recv())
                     except (EOFError, OSError):
                         del conns[r]  # exiting: its sentinel tells why
             for r in ready:
@@ -277,7 +270,7 @@ class ProcessWorkers:
     def _settle(self, worker: _Worker, message: Any) -> None:
         kind = message[0]
         if kind == "init_error":
-            error = _rebuild(message[1], message[2])
+            error = rebuild_error(message[1], message[2])
             error.add_note(f"torch_spdl.DataLoader: worker_init_fn failed in worker {worker.wid}")
             worker.dead = error  # type: ignore[assignment]
             self._fail_worker(worker, error)
@@ -320,7 +313,7 @@ class ProcessWorkers:
             return Fetched(batch=value)
         errors = []
         for pos, index, exc_data, text in message[6]:
-            error = _rebuild(exc_data, text)
+            error = rebuild_error(exc_data, text)
             error.add_note(
                 f"torch_spdl.DataLoader: (in worker process {worker.wid}, pid {worker.process.pid})"
             )
@@ -364,111 +357,3 @@ def _closed() -> RuntimeError:
 
 
 # -- the worker process ---------------------------------------------------------------------
-def _pack_error(exc: BaseException) -> tuple[bytes | None, str]:
-    """The exception itself when it survives a pickle round trip, and its traceback."""
-    text = "".join(traceback.format_exception(exc))
-    try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)
-    except Exception:
-        data = None
-    return data, text
-
-
-def _rebuild(data: bytes | None, text: str) -> BaseException:
-    if data is not None:
-        exc = pickle.loads(data)
-    else:
-        exc = RuntimeError(f"an exception that cannot be pickled was raised:\n{text}")
-    exc.add_note(f"traceback in the worker process:\n{text}")
-    return exc
-
-
-def _worker_main(
-    wid: int,
-    config: tuple[Any, ...],
-    stage_fns: Callable[[Any, int], Sequence[Callable[[Any], Any]]] | None,
-    tasks: Connection,
-    results: Connection,
-    arenas: list[Arena] | None,
-    others: list[Connection],
-) -> None:
-    for conn in others:
-        conn.close()
-    # The parent's objects are never collected here: no finalizer of theirs runs in the
-    # child, and no collection writes to (and so copies) the pages they share with it.
-    gc.freeze()
-    return_large_blocks()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
-    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable = config
-    try:
-        set_process_worker_info(wid, num_workers, base_seed, dataset)
-        if init_fn is not None:
-            init_fn(wid)
-    except Exception as exc:
-        results.send(("init_error", *_pack_error(exc)))
-        os._exit(1)
-    steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
-    fetcher: IterableFetcher | None = None
-    parent = os.getppid()
-    while True:
-        try:
-            while not tasks.poll(_WATCHDOG_S):
-                if os.getppid() != parent:  # the loader's process is gone
-                    os._exit(0)
-            task = tasks.recv()
-        except (EOFError, OSError):  # the loader's process is gone
-            break
-        if task is None:
-            break
-        task_id, slot, values, split, indices = task
-        arena = arenas[slot] if arenas is not None and slot != NO_ARENA else None
-        if split == ITERATE:
-            if fetcher is None:
-                assert iterable is not None, "an iterable task for a map-style worker"
-                fetcher = IterableFetcher(dataset, *iterable, collate_fn, auto_collation)
-            fetched = fetcher.next(values)
-            if fetched is None:
-                results.send(("end", task_id, slot))
-            else:
-                results.send(_pack(fetched, task_id, slot, arena))
-            continue
-        if split not in steps_cache and split >= 0 and stage_fns is not None:
-            steps_cache[split] = stage_fns(dataset, split)
-        steps = steps_cache.get(split) if split >= 0 else None
-        results.send(
-            _load(
-                task_id,
-                slot,
-                values,
-                indices,
-                dataset,
-                steps,
-                collate_fn,
-                auto_collation,
-                arena,
-            )
-        )
-    os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
-
-
-def _load(
-    task_id: int,
-    slot: int,
-    values: list[Any],
-    indices: list[Any],
-    dataset: Any,
-    steps: Sequence[Callable[[Any], Any]] | None,
-    collate_fn: Callable[[Any], Any],
-    auto_collation: bool,
-    arena: Arena | None,
-) -> tuple[Any, ...]:
-    fetched = fetch_batch(dataset, values, indices, steps, collate_fn, auto_collation)
-    return _pack(fetched, task_id, slot, arena)
-
-
-def _pack(fetched: Fetched, task_id: int, slot: int, arena: Arena | None) -> tuple[Any, ...]:
-    if fetched.errors is None:
-        return ("ok", task_id, slot, *dump_batch(fetched.batch, arena))
-    errors = [(pos, index, *_pack_error(exc)) for pos, index, exc in fetched.errors]
-    return ("failed", task_id, slot, *dump_batch(fetched.samples, arena), errors)

@@ -41,6 +41,15 @@ class Stage:
     ``kind`` picks the loader's concurrency knob (``io_concurrency`` or ``cpu_concurrency``)
     unless ``concurrency`` is given. ``executor="process"`` runs a CPU step in worker
     processes (the function and its data must then be picklable).
+
+    Args:
+        fn: the step: takes the previous step's output (the first, the index) and returns
+            this step's; may be ``async def``.
+        kind: ``"io"`` (waits: reading, fetching) or ``"cpu"`` (computes).
+        concurrency: this step's workers, overriding the loader's knob for its kind.
+        executor: ``"thread"`` (default) or ``"process"`` (this step and every one after
+            it run in worker processes).
+        name: the stage's name in errors, stats and traces (default: ``fn``'s name).
     """
 
     fn: Callable[[Any], Any]
@@ -51,7 +60,14 @@ class Stage:
 
 
 class StagedDataset(Dataset):
-    """Base class for map-style datasets whose ``__getitem__`` is ``process(load(index))``."""
+    """Base class for map-style datasets whose ``__getitem__`` is ``process(load(index))``.
+
+    Subclasses define :meth:`load` and :meth:`process`, or :meth:`stages` for more steps,
+    and ``__len__``; the constructor is the subclass's own (this class takes no
+    arguments). :class:`~torch_spdl.DataLoader` runs each stage with its own concurrency
+    (``io_concurrency``, ``cpu_concurrency``, or the stage's ``concurrency``); indexing
+    and torch's DataLoader run them one after the other.
+    """
 
     def load(self, index: int) -> Any:
         """Fetch the raw data of sample ``index`` (I/O). May be ``async def``."""

@@ -209,11 +209,21 @@ def _torch_view() -> Any:
     return getattr(_LOCAL, "torch_info", None)
 
 
+# The globals that the code of ``_torch_get_worker_info`` reads. That code runs as the
+# body of torch's ``get_worker_info``, so there it reads them from torch's worker module
+# (``_worker_info`` is torch's own global, the other two are set there by
+# ``install_torch_worker_info``). They have the same meaning here, so the function also
+# answers correctly if called from this module, and its names are real, typed globals.
+_torch_spdl_view: Callable[[], Any] = _torch_view
+_torch_spdl_hidden: Any = _HIDDEN
+_worker_info: Any = None  # torch's answer outside a worker process
+
+
 def _torch_get_worker_info() -> Any:  # its code replaces the body of torch's function
-    info = _torch_spdl_view()  # noqa: F821 - a global of torch's module, set below
+    info = _torch_spdl_view()
     if info is None:
-        return _worker_info  # noqa: F821 - torch's own global
-    return None if info is _torch_spdl_hidden else info  # noqa: F821
+        return _worker_info
+    return None if info is _torch_spdl_hidden else info
 
 
 def install_torch_worker_info() -> None:

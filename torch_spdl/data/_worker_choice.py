@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = [
+    "usable_cores",
     "MAX_IO_THREADS",
     "COPY_BYTES_PER_S",
     "MIN_PROCESS_BATCH_S",
@@ -120,11 +121,18 @@ def decide(
     cores: int | None = None,
     more_threads: bool = True,
 ) -> WorkerChoice:
-    """The plan for a measurement (the rule in this module's docstring); ``cores``: those
-    this process may run on (default: its affinity mask); ``more_threads``: whether waiting
-    work may get more threads than ``num_workers`` (not with a ``worker_init_fn``)."""
+    """The plan for a measurement (the rule in this module's docstring).
+
+    Args:
+        m: what the first batches' loading measured.
+        num_workers: the loader's ``num_workers``.
+        batch_size: samples per batch.
+        cores: the cores this process may run on (default: its affinity mask).
+        more_threads: whether waiting work may get more threads than ``num_workers``
+            (not with a ``worker_init_fn``, which sets up one worker each).
+    """
     if cores is None:
-        cores = len(os.sched_getaffinity(0))
+        cores = usable_cores()
     usable = min(max(num_workers, 2), cores)
     busy, share = m.cores, m.cpu_share
     per_sample = m.cpu_s / max(m.samples, 1)
@@ -235,6 +243,14 @@ class SwitchGate:
     @property
     def switched(self) -> bool:
         return self.cut is not None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def clock() -> tuple[float, float]:

@@ -125,7 +125,7 @@ def _binders(node: cst.CSTNode) -> list[cst.Name]:
     if isinstance(node, cst.Import | cst.ImportFrom) and not isinstance(node.names, cst.ImportStar):
         out = []
         for alias in node.names:
-            bound = alias.asname.name if alias.asname else alias.name
+            bound: cst.BaseExpression = alias.asname.name if alias.asname else alias.name
             while isinstance(bound, cst.Attribute):
                 bound = bound.value
             if isinstance(bound, cst.Name):

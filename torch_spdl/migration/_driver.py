@@ -15,6 +15,7 @@ import tempfile
 import tokenize
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import libcst as cst
 
@@ -58,7 +59,7 @@ def migrate_source(source: str, path: str = "<string>") -> FileResult:
             f"{exc.lineno}); please report it",
             original=source,
         )
-    status = "changed" if migrated != source else "unchanged"
+    status: Literal["changed", "unchanged"] = "changed" if migrated != source else "unchanged"
     return FileResult(path, status, decisions, original=source, migrated=migrated)
 
 

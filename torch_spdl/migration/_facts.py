@@ -202,7 +202,8 @@ def _body(fn: cst.FunctionDef) -> list[cst.BaseStatement]:
     body = fn.body
     if isinstance(body, cst.IndentedBlock):
         return list(body.body)
-    return [cst.SimpleStatementLine(body=list(body.body))]
+    small = [stmt for stmt in body.body if isinstance(stmt, cst.BaseSmallStatement)]
+    return [cst.SimpleStatementLine(body=small)]
 
 
 def function_context(fn: cst.FunctionDef, cls: ClassContext) -> FunctionContext:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import libcst as cst
 
 from ._names import dotted, is_docstring, walk
@@ -86,7 +88,7 @@ def _imports_torch(stmt: cst.BaseStatement) -> bool:
     return False
 
 
-def _insertion_point(body: list[cst.BaseStatement]) -> int:
+def _insertion_point(body: Sequence[cst.BaseStatement]) -> int:
     """Where new imports go: at the end of the contiguous block of imports holding the
     module's first top-level import of torch. Every use of what the tool rewrites follows
     that import, and no code runs between it and the new one, so torch (which torch_spdl

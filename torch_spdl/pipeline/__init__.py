@@ -24,6 +24,7 @@ from ._compat import (
 )
 from ._errors import PipelineFailure
 from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
+from ._ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
 from ._pipeline import Pipeline
 from ._plot import plot_trace
 from ._priority import (

@@ -3,7 +3,11 @@
 
 from . import utils as utils
 from ._deterministic import DistributedDeterministicSampler
-from ._distributed import DistributedRandomSampler, detect_rank_and_world_size
+from ._distributed import (
+    DistributedRandomSampler,
+    detect_rank_and_world_size,
+    resolve_rank_and_world_size,
+)
 from ._types import IterableWithShuffle, SizedIterable
 
 __all__ = [
@@ -12,4 +16,5 @@ __all__ = [
     "IterableWithShuffle",
     "SizedIterable",
     "detect_rank_and_world_size",
+    "resolve_rank_and_world_size",
 ]

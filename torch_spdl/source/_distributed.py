@@ -23,7 +23,15 @@ def detect_rank_and_world_size() -> tuple[int, int]:
 def resolve_rank_and_world_size(
     rank: int | None = None, world_size: int | None = None
 ) -> tuple[int, int]:
-    """``rank`` and ``world_size`` where given, else detected; raises if they disagree."""
+    """``rank`` and ``world_size`` where given, else detected; raises if they disagree.
+
+    Args:
+        rank: this process's rank, or None to detect it.
+        world_size: the number of ranks, or None to detect it.
+
+    Raises:
+        ValueError: when ``world_size < 1`` or ``rank`` is not in ``[0, world_size)``.
+    """
     detected_rank, detected_world = detect_rank_and_world_size()
     rank = detected_rank if rank is None else rank
     world = detected_world if world_size is None else world_size
