@@ -19,6 +19,7 @@ from ._batch_stages import batch_tasks
 from ._batching import BatchError, FailureBudget
 from ._epoch_pipeline import EpochParts
 from ._epoch_plan import EpochPlan, LoaderResources
+from ._libc import return_large_blocks
 from ._sampling import index_batches
 from ._worker_choice import SwitchGate, decide
 
@@ -61,6 +62,8 @@ class EpochIterator:
     ) -> None:
         self._plan = plan
         self._resources = resources
+        if plan.num_workers > 0:
+            return_large_blocks()  # docs/dataloader.md, "Memory"
         self._map_style = plan.map_style
         self._closed = False
         self._exhausted = False
