@@ -14,7 +14,7 @@ batch lives; once the last of them is gone, the pool takes the buffer back (how 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_
 
 from ..io import BufferPool
 
-__all__ = ["RecyclingCollate", "TensorPool", "MIN_POOLED_BYTES"]
+__all__ = ["MIN_POOLED_BYTES", "PlacingCollate", "RecyclingCollate", "TensorPool"]
 
 MIN_POOLED_BYTES = 1 << 20  # smaller batches are cheap to allocate: not worth pooling
 
@@ -50,11 +50,12 @@ class TensorPool:
         return None if array is None else torch.from_numpy(array)
 
 
-class RecyclingCollate:
-    """Same output as ``default_collate``; large tensor batches land in reused buffers."""
+class PlacingCollate:
+    """Same output as ``default_collate``; a large tensor batch is stacked into the tensor
+    ``place(shape, dtype)`` gives (None: a fresh one, as ``default_collate`` makes)."""
 
-    def __init__(self, limit: int) -> None:
-        self._pool = TensorPool(limit)
+    def __init__(self, place: Callable[[tuple[int, ...], torch.dtype], torch.Tensor | None]):
+        self.place = place
         self._map = dict(default_collate_fn_map)
         self._map[torch.Tensor] = self._stack
 
@@ -68,13 +69,20 @@ class RecyclingCollate:
             or any(t.shape != first.shape or t.dtype != first.dtype for t in batch)
         ):
             return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
-        out = self._pool.take(shape, first.dtype)
+        out = self.place(shape, first.dtype)
         if out is None:
             return collate_tensor_fn(batch, collate_fn_map=collate_fn_map)
         return torch.stack(list(batch), 0, out=out)
 
     def __call__(self, batch: Any) -> Any:
         return collate(batch, collate_fn_map=self._map)
+
+
+class RecyclingCollate(PlacingCollate):
+    """Same output as ``default_collate``; large tensor batches land in reused buffers."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(TensorPool(limit).take)
 
 
 def is_default_collate(fn: Any) -> bool:

@@ -18,10 +18,11 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ._collate import PlacingCollate, is_default_collate
 from ._fetch import Fetched, IterableFetcher, fetch_batch
 from ._leases import NO_ARENA
 from ._libc import return_large_blocks
-from ._shared_batch import Arena, dump_batch
+from ._shared_batch import Arena, BatchSpace, dump_batch
 from ._worker import set_process_worker_info
 
 __all__ = ["ITERATE", "rebuild_error", "worker_main"]
@@ -131,12 +132,24 @@ def _load(
     auto_collation: bool,
     arena: Arena | None,
 ) -> tuple[Any, ...]:
+    space = None
+    if arena is not None and auto_collation and is_default_collate(collate_fn):
+        # torch's collate, stacking large tensors straight into the batch's arena: the
+        # batch is written once, where the loader reads it (no copy after collating)
+        space = BatchSpace(arena)
+        collate_fn = PlacingCollate(space.empty)
     fetched = fetch_batch(dataset, values, indices, steps, collate_fn, auto_collation)
-    return _pack(fetched, task_id, slot, arena)
+    return _pack(fetched, task_id, slot, arena, space)
 
 
-def _pack(fetched: Fetched, task_id: int, slot: int, arena: Arena | None) -> tuple[Any, ...]:
+def _pack(
+    fetched: Fetched,
+    task_id: int,
+    slot: int,
+    arena: Arena | None,
+    space: BatchSpace | None = None,
+) -> tuple[Any, ...]:
     if fetched.errors is None:
-        return ("ok", task_id, slot, *dump_batch(fetched.batch, arena))
+        return ("ok", task_id, slot, *dump_batch(fetched.batch, arena, space))
     errors = [(pos, index, *_pack_error(exc)) for pos, index, exc in fetched.errors]
     return ("failed", task_id, slot, *dump_batch(fetched.samples, arena), errors)

@@ -25,6 +25,7 @@ free).
 from __future__ import annotations
 
 import io
+import math
 import mmap
 import os
 import pickle
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Arena", "dump_batch", "load_batch"]
+__all__ = ["Arena", "BatchSpace", "dump_batch", "load_batch"]
 
 _ALIGN = 64
 
@@ -108,34 +109,77 @@ def _flat_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
+class BatchSpace:
+    """Room for one batch in an arena, handed out front to back: a worker's collate stacks
+    large tensors straight into it (:meth:`empty`), so that :func:`dump_batch` has
+    nothing to copy for them. torch's workers collate into shared memory the same way."""
+
+    def __init__(self, arena: Arena) -> None:
+        self.arena = arena
+        self.end = 0
+        self._made: dict[int, tuple[int, int]] = {}  # data pointer -> (offset, bytes)
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        """An uninitialised tensor in the arena (None for a dtype of no fixed size)."""
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if not nbytes:
+            return None
+        offset = self.end
+        self.end = _aligned(offset + nbytes)
+        self.arena.ensure(self.end)  # a growth maps the file again: earlier views stay valid
+        out = self.arena.view(offset, nbytes).view(dtype).view(shape)
+        self._made[out.data_ptr()] = (offset, nbytes)
+        return out
+
+    def offset_of(self, t: torch.Tensor, nbytes: int) -> int | None:
+        """Where ``t`` lies in the arena, if :meth:`empty` made it (whole, unchanged)."""
+        made = self._made.get(t.data_ptr())
+        if made is None or made[1] != nbytes or not t.is_contiguous():
+            return None
+        return made[0]
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
 class _Writer(pickle.Pickler):
     """Pickles a batch, giving each plain CPU tensor its place in the arena (``placed``:
-    ``(offset, tensor)``, copied there once the arena is large enough)."""
+    ``(offset, tensor)``, copied there once the arena is large enough), unless the
+    batch's ``space`` holds it already."""
 
-    def __init__(self, file: io.BytesIO) -> None:
+    def __init__(self, file: io.BytesIO, space: BatchSpace | None) -> None:
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.placed: list[tuple[int, torch.Tensor]] = []
-        self.end = 0
+        self.space = space
+        self.end = space.end if space is not None else 0
 
     def persistent_id(self, obj: Any) -> Any:
         if not _shareable(obj):
             return None
         nbytes = obj.numel() * obj.element_size()
+        if self.space is not None:
+            where = self.space.offset_of(obj, nbytes)
+            if where is not None:
+                return ("tensor", where, nbytes, obj.dtype, tuple(obj.shape))
         offset = self.end
         self.end = -(-(offset + nbytes) // _ALIGN) * _ALIGN
         self.placed.append((offset, obj))
         return ("tensor", offset, nbytes, obj.dtype, tuple(obj.shape))
 
 
-def dump_batch(batch: Any, arena: Arena | None) -> tuple[bytes, int, int]:
-    """Pickle ``batch`` for the loader; with an arena, its tensors' bytes go there.
+def dump_batch(
+    batch: Any, arena: Arena | None, space: BatchSpace | None = None
+) -> tuple[bytes, int, int]:
+    """Pickle ``batch`` for the loader; with an arena, its tensors' bytes go there (those
+    that ``space``, the batch's room in that arena, holds already stay where they are).
 
     Returns the pickle, the arena's size (the loader maps it again if it grew) and the bytes
     of it the batch uses."""
     if arena is None:
         return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0, 0
     buf = io.BytesIO()
-    writer = _Writer(buf)
+    writer = _Writer(buf, space)
     writer.dump(batch)
     arena.ensure(writer.end)
     for offset, t in writer.placed:
