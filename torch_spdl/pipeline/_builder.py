@@ -22,7 +22,7 @@ from ._channel import Channel
 from ._failures import FailureBudget, MaxFailures, check_max_failures
 from ._hooks import StageInfo, TaskHook, check_hooks
 from ._nested import MergedSource, PathVariantsStage
-from ._node import Node
+from ._node import Node, OpStage
 from ._ops import OpKind, classify_op, op_name
 from ._pipeline import Pipeline
 from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
@@ -520,10 +520,9 @@ def build_pipeline(
     shared: list[Node] = []
     shared_budget = FailureBudget(max_failures, lambda: sum(n.invocations() for n in shared))
     if autotune is None:
-        autotune = AutotuneConfig(
-            **({} if cpu_budget is None else {"cpu_budget": cpu_budget}),
-            memory_limit=memory_limit,
-        )
+        autotune = AutotuneConfig(memory_limit=memory_limit)
+        if cpu_budget is not None:
+            autotune = dataclasses.replace(autotune, cpu_budget=cpu_budget)
     workers = [_workers(s, num_threads) for s in config.stages]
     queues: list[AsyncQueue] = []
 
@@ -557,10 +556,12 @@ def build_pipeline(
         hooks: list[TaskHook] = []
         if task_hook_factory is not None:
             hooks = check_hooks(task_hook_factory(StageInfo(name, i + 1, stage_id)), name)
+        node: Node
         if isinstance(spec, RegionConfig):
-            options = {"num_threads": num_threads, "max_failures": max_failures}
-            node = RegionStage(name, list(spec.stages), spec.executor, options, inbox, outbox)
-            nodes.append(node)
+            region_options = {"num_threads": num_threads, "max_failures": max_failures}
+            node = RegionStage(
+                name, list(spec.stages), spec.executor, region_options, inbox, outbox
+            )
         elif isinstance(spec, PathVariantsConfig):
             makers = [
                 lambda src, p=path: make_inner(PipelineConfig(src, list(p), 2))
@@ -568,36 +569,18 @@ def build_pipeline(
             ]
             node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=shared_budget)
             shared.append(node)
-            nodes.append(node)
         elif isinstance(spec, AggregateConfig):
             aggregator = spec.make_aggregator()
-            nodes.append(AggregateStage(name, aggregator, spec.drop_last, inbox, outbox, hooks))
+            node = AggregateStage(name, aggregator, spec.drop_last, inbox, outbox, hooks)
         elif isinstance(spec, DisaggregateConfig):
-            nodes.append(DisaggregateStage(name, inbox, outbox, hooks))
-        else:
-            op, kind = classify_op(spec.op)
-            own_limit = spec.max_failures is not None
-            floor = min(spec.min_concurrency or 1, workers[i])
-            start = (
-                spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or DEFAULT_START
-            )
-            common = dict(
-                workers=max(floor, min(start, workers[i])) if spec.auto else workers[i],
-                ordered=spec.output_order == "input",
-                max_failures=spec.max_failures if own_limit else -1,
-                max_workers=workers[i] if spec.auto else None,
-                budget=None if own_limit else shared_budget,
-                hooks=hooks,
-                tune_key=spec.tune_key if spec.auto else None,
-                min_workers=floor,
-            )
-            if kind.is_async:
-                node: Node = AsyncStage(name, op, kind, inbox, outbox, **common)
-            else:
-                node = ThreadStage(name, op, kind, inbox, outbox, executor=spec.executor, **common)
-            if not own_limit:
+            node = DisaggregateStage(name, inbox, outbox, hooks)
+        elif isinstance(spec, PipeConfig):
+            node = _op_stage(name, spec, workers[i], inbox, outbox, hooks, shared_budget)
+            if spec.max_failures is None:
                 shared.append(node)
-            nodes.append(node)
+        else:  # fuse_regions turned every placement into a RegionConfig
+            raise AssertionError(f"unexpected stage declaration {spec!r}")
+        nodes.append(node)
     runtime = Runtime(
         nodes,
         channels,
@@ -607,6 +590,60 @@ def build_pipeline(
         background_tasks=background_tasks,
     )
     return Pipeline(runtime, channels[-1], description=_describe(config))
+
+
+def _op_stage(
+    name: str,
+    spec: PipeConfig,
+    workers: int,
+    inbox: Channel[Any],
+    outbox: Channel[Any],
+    hooks: list[TaskHook],
+    shared_budget: FailureBudget,
+) -> OpStage:
+    """The node of a ``pipe`` stage: threads for a sync op, coroutines for an async one."""
+    op, kind = classify_op(spec.op)
+    own_limit = spec.max_failures is not None
+    floor = min(spec.min_concurrency or 1, workers)
+    start = spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or DEFAULT_START
+    ordered = spec.output_order == "input"
+    initial = max(floor, min(start, workers)) if spec.auto else workers
+    max_failures = spec.max_failures if spec.max_failures is not None else -1
+    budget = None if own_limit else shared_budget
+    max_workers = workers if spec.auto else None
+    tune_key = spec.tune_key if spec.auto else None
+    if kind.is_async:
+        return AsyncStage(
+            name,
+            op,
+            kind,
+            inbox,
+            outbox,
+            workers=initial,
+            ordered=ordered,
+            max_failures=max_failures,
+            max_workers=max_workers,
+            budget=budget,
+            hooks=hooks,
+            tune_key=tune_key,
+            min_workers=floor,
+        )
+    return ThreadStage(
+        name,
+        op,
+        kind,
+        inbox,
+        outbox,
+        workers=initial,
+        ordered=ordered,
+        max_failures=max_failures,
+        max_workers=max_workers,
+        budget=budget,
+        hooks=hooks,
+        tune_key=tune_key,
+        min_workers=floor,
+        executor=spec.executor,
+    )
 
 
 def _workers(spec: StageConfig, num_threads: int | None) -> int:

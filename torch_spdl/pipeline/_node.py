@@ -205,6 +205,7 @@ class Node:
             failed = self._num_failed
         inbox = self.inbox
         gets = inbox.n_gets if inbox is not None else 0
+        depth = inbox.depth_sum / gets if inbox is not None and gets else 0.0
         return StageStats(
             name=self.name,
             concurrency=self.concurrency,
@@ -212,7 +213,7 @@ class Node:
             num_out=sum(c.num_out for c in counters),
             num_failed=failed,
             op_time=sum(c.op_time for c in counters),
-            queue_depth=(inbox.depth_sum / gets) if gets else 0.0,
+            queue_depth=depth,
             queue_capacity=inbox.capacity if inbox is not None else 0,
             elapsed=(self._finished_at or time.perf_counter()) - self._started_at
             if self._started_at
@@ -235,6 +236,8 @@ class OpStage(Node):
     metered (wall and CPU time per item) from launch, and ``tune_key`` names it in what
     the tuner remembers between builds.
     """
+
+    inbox: Channel[Any]  # a stage always has an input, unlike a source
 
     def __init__(
         self,

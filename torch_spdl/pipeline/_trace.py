@@ -239,8 +239,8 @@ class Tracer:
         return buf
 
     def wrap(
-        self, stage: Node, worker: int, op: Callable[[Any], Any], *, generator: bool
-    ) -> Callable[[Any], Any]:
+        self, stage: Node, worker: int, op: Callable[..., Any], *, generator: bool
+    ) -> Callable[..., Any]:
         """``op`` recording one span per call (a generator: until it is exhausted). A plain
         op may take any arguments (the general thread path's ``compute(item, outs)``)."""
         append = self._buffer(stage, worker).stamps.append
