@@ -26,7 +26,6 @@ from ._errors import PipelineFailure
 from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
 from ._pipeline import Pipeline
-from ._plot import plot_trace
 from ._priority import (
     PriorityExecutorEntrypoint,
     PriorityProcessPoolExecutor,
@@ -36,7 +35,14 @@ from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, p
 from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._stats import StageStats
 from ._subprocess import SubprocessError, iterate_in_subprocess, run_pipeline_in_subprocess
-from ._trace import PipelineTrace, TraceDecision, TraceSample, TraceSpan, export_chrome_trace
+from ._trace import (
+    PipelineTrace,
+    TraceDecision,
+    TraceSample,
+    TraceSpan,
+    export_chrome_trace,
+    plot_trace,
+)
 
 __all__ = [
     "AggregateConfig",

@@ -25,8 +25,9 @@ from ._nested import MergedSource, PathVariantsStage
 from ._node import Node, OpStage
 from ._ops import OpKind, classify_op, op_name
 from ._pipeline import Pipeline
+from ._placement import PlacementConfig, RegionConfig, fuse_regions
 from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
-from ._region import PlacementConfig, RegionConfig, RegionStage, fuse_regions
+from ._region import RegionStage
 from ._runtime import Runtime
 from ._source import SourceNode
 from ._thread_stage import ThreadStage
@@ -560,7 +561,13 @@ def build_pipeline(
         if isinstance(spec, RegionConfig):
             region_options = {"num_threads": num_threads, "max_failures": max_failures}
             node = RegionStage(
-                name, list(spec.stages), spec.executor, region_options, inbox, outbox
+                name,
+                list(spec.stages),
+                spec.executor,
+                region_options,
+                inbox,
+                outbox,
+                _build_region,
             )
         elif isinstance(spec, PathVariantsConfig):
             makers = [
@@ -590,6 +597,11 @@ def build_pipeline(
         background_tasks=background_tasks,
     )
     return Pipeline(runtime, channels[-1], description=_describe(config))
+
+
+def _build_region(source: Iterable[Any], stages: list[Any], options: dict[str, Any]) -> Any:
+    """A region's stages as a pipeline of their own (run in each of its worker processes)."""
+    return build_pipeline(PipelineConfig(source, stages, 0), **options)
 
 
 def _op_stage(

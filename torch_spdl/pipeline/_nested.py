@@ -29,7 +29,7 @@ from ._node import Node
 
 if TYPE_CHECKING:
     from ._pipeline import Pipeline
-    from ._runtime import Runtime
+    from ._protocols import Supervisor
 
 __all__ = ["ChannelSource", "MergedSource", "PathVariantsStage", "merge_as_available"]
 
@@ -186,7 +186,7 @@ class PathVariantsStage(Node):
         pairs = zip(make_paths, self.routes, strict=True)
         self.paths = [make(ChannelSource(route)) for make, route in pairs]
 
-    def launch(self, runtime: Runtime) -> None:
+    def launch(self, runtime: Supervisor) -> None:
         runtime.spawn_thread(self._route, f"torch_spdl-{self.name}-router")
         for i, path in enumerate(self.paths):
             runtime.spawn_thread(partial(self._join, path), f"torch_spdl-{self.name}-path{i}")

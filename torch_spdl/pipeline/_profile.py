@@ -28,8 +28,8 @@ from ._builder import (
     StageConfig,
 )
 from ._pipeline import Pipeline
+from ._placement import PlacementConfig
 from ._queues import QueuePerfStats, StatsQueue
-from ._region import PlacementConfig
 
 __all__ = ["profile_pipeline", "ProfileHook", "ProfileReport", "ProfileResult", "StageProfile"]
 

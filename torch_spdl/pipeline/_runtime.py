@@ -25,7 +25,8 @@ from ._channel import Channel
 from ._errors import PipelineFailure
 from ._node import Node, OpStage
 from ._stats import StatsReporter
-from ._trace import PipelineTrace, Tracer
+from ._trace import PipelineTrace
+from ._tracer import Tracer
 
 __all__ = ["Runtime", "STOPPED"]
 

@@ -34,7 +34,7 @@ from ._node import OpStage
 from ._ops import OpKind, call_each, call_to_list
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from ._protocols import Supervisor
 
 __all__ = ["CHUNK_S", "MAX_CHUNK", "ThreadStage"]
 
@@ -59,7 +59,7 @@ class ThreadStage(OpStage):
 
     one_task_per_item = False  # with hooks: a generator op's call is one task, not each step
 
-    def launch(self, runtime: Runtime) -> None:
+    def launch(self, runtime: Supervisor) -> None:
         self.enter_stage_hooks()
         first = self._limit
         self._spawned = first
