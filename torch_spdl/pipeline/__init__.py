@@ -6,14 +6,8 @@ Mirrors ``spdl.pipeline``: code written for it keeps working after changing the 
 from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
 from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
 from ._background import BackgroundTask, BackgroundTaskFactory
-from ._builder import (
-    AggregateConfig,
-    DisaggregateConfig,
-    PipeConfig,
-    PipelineBuilder,
-    PipelineConfig,
-    build_pipeline,
-)
+from ._build import build_pipeline
+from ._builder import PipelineBuilder
 from ._compat import (
     cache_iterator,
     create_task,
@@ -21,6 +15,13 @@ from ._compat import (
     is_epoch_end,
     iterate_in_subinterpreter,
     run_pipeline_in_subinterpreter,
+)
+from ._config import (
+    AggregateConfig,
+    BuildOptions,
+    DisaggregateConfig,
+    PipeConfig,
+    PipelineConfig,
 )
 from ._errors import PipelineFailure
 from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
@@ -52,6 +53,7 @@ __all__ = [
     "AutotuneSample",
     "BackgroundTask",
     "BackgroundTaskFactory",
+    "BuildOptions",
     "DisaggregateConfig",
     "PipeConfig",
     "Pipeline",

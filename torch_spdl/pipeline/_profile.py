@@ -19,11 +19,11 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
-from ._builder import (
+from ._builder import PipelineBuilder
+from ._config import (
     AggregateConfig,
     DisaggregateConfig,
     PipeConfig,
-    PipelineBuilder,
     PipelineConfig,
     StageConfig,
 )

@@ -43,6 +43,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EMPTY, EOF, Channel, ChannelAborted
+from ._config import BuildOptions
 from ._errors import PipelineFailure, describe_item
 from ._node import Node
 from ._placement import ProcessPoolExecutorConfig
@@ -61,7 +62,7 @@ _ITEMS, _END, _ERROR = 0, 1, 2
 # stages, options)`` with the build options of the outer pipeline. The build module passes
 # its own function (a module-level one, so that it pickles for a spawned worker); taking it
 # as an argument keeps the imports one way (build -> region, never back).
-RegionBuild = Callable[[Iterable[Any], list[Any], dict[str, Any]], Any]
+RegionBuild = Callable[[Iterable[Any], list[Any], BuildOptions], Any]
 
 
 # -- the worker process ------------------------------------------------------------------
@@ -100,7 +101,7 @@ def _worker_main(
     build: RegionBuild,
     index: int,
     stages: list[Any],
-    options: dict[str, Any],
+    options: BuildOptions,
     config: ProcessPoolExecutorConfig,
     inbox: Connection,
     outbox: Connection,
@@ -170,7 +171,7 @@ class RegionStage(Node):
         name: str,
         stages: list[Any],
         config: ProcessPoolExecutorConfig,
-        options: dict[str, Any],
+        options: BuildOptions,
         inbox: Channel[Any],
         outbox: Channel[Any],
         build: RegionBuild,

@@ -27,7 +27,9 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
-from ._builder import PipeConfig, PipelineBuilder, PipelineConfig, build_pipeline
+from ._build import build
+from ._builder import PipelineBuilder
+from ._config import BuildOptions, PipeConfig, PipelineConfig
 from ._priority import PriorityExecutorEntrypoint
 
 __all__ = ["iterate_in_subprocess", "run_pipeline_in_subprocess", "SubprocessError"]
@@ -240,9 +242,9 @@ class _EpochChild:
     counter or shuffle state keeps advancing, as it would in one process.
     """
 
-    def __init__(self, config: PipelineConfig, build_kwargs: dict[str, Any]) -> None:
+    def __init__(self, config: PipelineConfig, options: BuildOptions) -> None:
         self.config = config
-        self.build_kwargs = build_kwargs
+        self.options = options
 
     def __call__(
         self, cmd: Connection, out: Connection, initializer: Callable[[], None] | None
@@ -267,12 +269,12 @@ class _EpochChild:
                 credits = msg[2]
                 if config.continuous:
                     if continuous is None:
-                        continuous = build_pipeline(config, **self.build_kwargs)
+                        continuous = build(config, self.options)
                         continuous.start()
                     stream = continuous.get_iterator()
                     pipeline = None
                 else:
-                    pipeline = build_pipeline(config, **self.build_kwargs)
+                    pipeline = build(config, self.options)
                     pipeline.start()
                     stream = pipeline.get_iterator()
                 try:
@@ -522,8 +524,9 @@ def run_pipeline_in_subprocess(
         initializer: run first in the child.
         mp_context: how to start the child (``spawn`` by default).
         timeout: the most seconds to wait for each item (``TimeoutError``).
-        build_kwargs: passed to ``build_pipeline`` in the child (``num_threads``,
-            ``max_failures``...).
+        build_kwargs: the build's options, the keywords of ``build_pipeline``
+            (``num_threads``, ``max_failures``...; see :class:`BuildOptions`), used by
+            every build in the child.
     """
     if isinstance(config, PipelineBuilder):
         warnings.warn(
@@ -532,7 +535,8 @@ def run_pipeline_in_subprocess(
             stacklevel=2,
         )
         config = config.get_config()
-    child = _EpochChild(_portable(config), build_kwargs)
+    options = BuildOptions(**build_kwargs)  # an unknown keyword fails here, not in the child
+    child = _EpochChild(_portable(config), options)
     has_process_pool = any(
         isinstance(s, PipeConfig) and _pool_kind(s.executor) == "process"
         for s in child.config.stages

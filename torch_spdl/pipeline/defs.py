@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _placement
-from ._aggregate import Aggregator, Collate
-from ._builder import (
+from ._aggregator import Aggregator, Collate
+from ._builder import PipelineBuilder
+from ._config import (
     AggregateConfig,
     DisaggregateConfig,
     PathVariantsConfig,
     PipeConfig,
-    PipelineBuilder,
     aggregate_config,
 )
-from ._builder import PipelineConfig as _BuilderConfig
+from ._config import PipelineConfig as _BuilderConfig
 from ._failures import MaxFailures
 from ._nested import MergedSource
 
