@@ -35,7 +35,8 @@ from ._priority import (
 from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, profile_pipeline
 from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._stats import StageStats
-from ._subprocess import SubprocessError, iterate_in_subprocess, run_pipeline_in_subprocess
+from ._subprocess import SubprocessError, iterate_in_subprocess
+from ._subprocess_pipeline import run_pipeline_in_subprocess
 from ._trace import (
     PipelineTrace,
     TraceDecision,

@@ -1,6 +1,7 @@
 """Automatic concurrency: the thread that measures a running pipeline and applies decisions.
 
-The tuner is split by job: ``_autotune_rules.py`` decides (pure logic, tested on synthetic
+The tuner is split by job: ``_autotune_config.py`` names its knobs, samples and decisions
+(data only), ``_autotune_rules.py`` decides (pure logic, tested on synthetic
 samples), ``_autotune_model.py`` sizes stages from item costs (Little's law),
 ``_autotune_meter.py`` measures those costs inside autotuned stages,
 ``_autotune_probes.py`` reads the process (cores, CPU, memory), ``_autotune_memory.py``
@@ -19,18 +20,18 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from . import _autotune_memory as memory
-from ._autotune_probes import cpu_count, process_cpu_seconds, read_rss
-from ._autotune_rules import (
+from ._autotune_config import (
     DEFAULT_CPU_BUDGET,
     DEFAULT_MAX_COROUTINES,
     DEFAULT_MAX_THREADS,
     DEFAULT_START,
     AutotuneConfig,
-    AutotuneController,
     AutotuneSample,
     Decision,
     StageSample,
 )
+from ._autotune_probes import cpu_count, process_cpu_seconds, read_rss
+from ._autotune_rules import AutotuneController
 from ._protocols import QueueReading, StageReading, TunableStage
 
 __all__ = [

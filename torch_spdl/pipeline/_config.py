@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import _autotune_memory
 from ._aggregator import Aggregator, Collate
-from ._autotune_rules import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
+from ._autotune_config import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
 from ._failures import MaxFailures, check_max_failures
 from ._ops import OpKind, classify_op, op_name
 from ._placement import PlacementConfig
