@@ -1,4 +1,8 @@
-"""The protocol every stage obeys, and the bookkeeping they share.
+"""The base every stage shares: lifecycle, counters, failure policy and end of stream.
+
+The contract itself (what the runtime calls on a stage, what a stage may ask of the
+runtime) is written in ``_protocols.py``; this is the one implementation of it that every
+stage derives from.
 
 A node reads its ``inbox`` channel, writes its ``outbox`` channel and runs ``workers``
 workers, threads or coroutines that the runtime owns. The last worker to leave closes the

@@ -10,12 +10,14 @@ here, as a :class:`~typing.Protocol`, and both sides import it from here:
 - :class:`Supervisor`: what a stage may ask of the runtime that runs it;
 - :class:`StageTracer`: what a stage asks of the tracer that records its op;
 - :class:`TunableStage`: what an autotuned stage exposes to the autotuner, with the
-  readings (:class:`StageReading`, :class:`QueueReading`) it reports.
+  readings (:class:`StageReading`, :class:`QueueReading`) it reports;
+- :class:`InnerPipeline`: what a stage that runs pipelines of its own (``Merge``,
+  ``path_variants``) does with them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Hashable
+from collections.abc import Callable, Coroutine, Hashable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -24,6 +26,7 @@ if TYPE_CHECKING:  # data types only: neither module imports anything of the eng
     from ._stats import StageStats
 
 __all__ = [
+    "InnerPipeline",
     "QueueReading",
     "Stage",
     "StageReading",
@@ -167,3 +170,18 @@ class TunableStage(Protocol):
     def set_concurrency(self, n: int) -> int: ...
 
     def reading(self) -> StageReading: ...
+
+
+class InnerPipeline(Protocol):
+    """A pipeline run inside a stage (``Merge`` inputs, ``path_variants`` paths), as that
+    stage drives it; a :class:`~._pipeline.Pipeline` is one."""
+
+    def start(self) -> None: ...
+
+    def get_iterator(self) -> Iterator[Any]: ...
+
+    def stop(self) -> None:
+        """Stop and join it; raise its failure, if any."""
+
+    def _stop_as_source(self) -> None:
+        """Stop it because what it feeds is stopping (no failure raised)."""
