@@ -110,25 +110,35 @@ class PipelineBuilder(Generic[T, U]):
     ) -> PipelineBuilder[T, U]:
         """Apply ``op`` to every item.
 
-        ``op`` takes one argument and may be a function, an async function, a generator or
-        an async generator (each yielded value becomes an item), a callable object, or a
-        container with ``__getitem__``. A ``None`` result is dropped (as in SPDL).
-        Sync ops run on ``concurrency`` worker threads of their own, or are handed to
-        ``executor`` (a ``ThreadPoolExecutor`` for a dedicated thread, a
-        ``ProcessPoolExecutor`` for processes) with at most ``concurrency`` items in flight.
-        Async ops run on the pipeline's event loop as ``concurrency`` coroutines.
-        ``output_order="input"`` keeps the input order; ``"completion"`` emits as finished.
-        ``max_failures`` gives this stage a failure limit of its own, counted on its items
-        alone, instead of sharing the one given to :meth:`build`: an ``int`` count (-1: no
-        limit) or a ``fractions.Fraction`` rate in (0, 1] (see :meth:`build`).
-        ``queue_size`` sets the capacity of this stage's input queue.
-        ``concurrency="auto"`` lets the pipeline choose and adapt it while running, from 1
-        up to ``max_concurrency`` (default 64 threads, 256 coroutines), starting at
-        ``initial_concurrency`` (default: where the tuner left this stage in the last build
-        of this builder in this process, else 4, so that its first items, which the tuner
-        measures, come quickly), and never below ``min_concurrency`` (default 1: a floor
-        that makes ``"auto"`` only ever add to a known-good value); see ``build``'s
-        ``cpu_budget`` and ``memory_limit``. An ``int`` concurrency is always used exactly.
+        A ``None`` result is dropped (as in SPDL). Sync ops run on ``concurrency`` worker
+        threads of their own, or are handed to ``executor`` with at most ``concurrency``
+        items in flight; async ops run on the pipeline's event loop as ``concurrency``
+        coroutines. An ``int`` concurrency is always used exactly; ``"auto"`` lets the
+        pipeline choose and adapt it while running, within ``build``'s ``cpu_budget`` and
+        ``memory_limit``.
+
+        Args:
+            op: takes one argument: a function, an async function, a generator or an async
+                generator (each yielded value becomes an item), a callable object, or a
+                container with ``__getitem__``.
+            concurrency: how many workers run ``op`` at once, or ``"auto"``.
+            executor: a ``ThreadPoolExecutor`` (a dedicated thread) or
+                ``ProcessPoolExecutor`` (processes) to run a sync ``op`` on; an async op
+                takes none.
+            name: the stage's name in stats, traces and errors (default: the op's name).
+            output_order: ``"completion"`` emits results as they finish; ``"input"``
+                keeps the input order.
+            max_failures: a failure limit of this stage's own, counted on its items alone,
+                instead of sharing the one given to :meth:`build`: an ``int`` count (-1:
+                no limit) or a ``fractions.Fraction`` rate in (0, 1] (see :meth:`build`).
+            queue_size: the capacity of this stage's input queue.
+            max_concurrency: with ``"auto"``, the most it may grow to (default 64
+                threads, 256 coroutines).
+            initial_concurrency: with ``"auto"``, where it starts (default: where the
+                tuner left this stage in the last build of this builder in this process,
+                else 4, so that its first items, which the tuner measures, come quickly).
+            min_concurrency: with ``"auto"``, the least it runs (default 1; a floor makes
+                ``"auto"`` only ever add to a known-good value).
         """
         _, kind = classify_op(op)
         if concurrency != "auto" and (not isinstance(concurrency, int) or concurrency < 1):
@@ -237,7 +247,11 @@ class PipelineBuilder(Generic[T, U]):
         return self
 
     def add_sink(self, buffer_size: int = 3) -> PipelineBuilder[T, U]:
-        """Set the size of the output buffer the consumer reads from (0: unbounded)."""
+        """Set the size of the output buffer the consumer reads from.
+
+        Args:
+            buffer_size: the most finished items waiting for the consumer (0: unbounded).
+        """
         if self._buffer_size is not None:
             raise ValueError("the sink is already set")
         if not isinstance(buffer_size, int) or buffer_size < 0:
@@ -270,29 +284,36 @@ class PipelineBuilder(Generic[T, U]):
     ) -> Pipeline[U]:
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
-        ``num_threads``, when given, caps each sync stage's worker threads (stages never
-        share threads). ``max_failures`` is how many failed items the pipeline may drop
-        before it fails, counted across every stage that does not set its own in
-        :meth:`pipe`: an ``int`` count (-1: no limit), or a ``fractions.Fraction`` rate in
-        (0, 1], failures / items taken by those stages, checked once they have taken at
-        least ``max(100, 1/rate)`` items (and when they end); a rate out of range is a
-        ``ValueError`` here. ``report_stats_interval`` > 0 logs the stage
-        table every that many seconds. ``queue_size`` overrides the capacity of the queues
-        between stages (default: 64 samples, or 2 per worker for batches).
-        ``cpu_budget`` (fraction of this machine's cores, default 0.4) and ``memory_limit``
-        (resident bytes, default none) bound what stages with ``concurrency="auto"`` may grow
-        to. ``trace=True`` records every item's time in every stage and the queue depths:
-        read them with :meth:`Pipeline.trace`.
-        ``task_hook_factory`` makes each stage's :class:`TaskHook` list from its
-        :class:`StageInfo` (default: no hooks, and no cost); ``stage_id`` is passed to it.
-        ``background_tasks`` are factories of :class:`BackgroundTask`: each runs on the
-        pipeline's event loop from start to stop; a failure is logged, not raised.
-        ``queue_class`` (a subclass of :class:`AsyncQueue`, such as :class:`StatsQueue`)
-        observes every queue between stages: one instance per queue, its ``stage_hook()``
-        held from start to stop, and every hand-off reported to it (see ``_queues.py``;
-        default: none, and no cost). ``use_thread_output_queue`` is accepted for SPDL
-        code: the consumer always reads the sink from its own thread here, which is what
-        that option selects in SPDL.
+        The keywords make one :class:`BuildOptions`, the options of this build.
+
+        Args:
+            num_threads: caps each sync stage's worker threads (stages never share
+                threads; default: no cap).
+            max_failures: how many failed items the pipeline may drop before it fails,
+                counted across every stage that does not set its own in :meth:`pipe`: an
+                ``int`` count (-1: no limit), or a ``fractions.Fraction`` rate in (0, 1],
+                failures / items taken by those stages, checked once they have taken at
+                least ``max(100, 1/rate)`` items (and when they end); a rate out of range
+                is a ``ValueError`` here.
+            report_stats_interval: when > 0, log the stage table every that many seconds.
+            queue_size: the capacity of the queues between stages (default: 64 samples,
+                or 2 per worker for batches).
+            cpu_budget: the fraction of this machine's cores that stages with
+                ``concurrency="auto"`` may grow to use (default 0.4).
+            memory_limit: the resident bytes those stages may grow to (default: none).
+            trace: record every item's time in every stage and the queue depths; read
+                them with :meth:`Pipeline.trace`.
+            task_hook_factory: makes each stage's :class:`TaskHook` list from its
+                :class:`StageInfo` (default: no hooks, and no cost).
+            stage_id: passed to ``task_hook_factory`` in each :class:`StageInfo`.
+            background_tasks: factories of :class:`BackgroundTask`: each runs on the
+                pipeline's event loop from start to stop; a failure is logged, not raised.
+            queue_class: a subclass of :class:`AsyncQueue` (such as :class:`StatsQueue`)
+                that observes every queue between stages: one instance per queue, its
+                ``stage_hook()`` held from start to stop, and every hand-off reported to
+                it (default: none, and no cost).
+            use_thread_output_queue: accepted for SPDL code: the consumer always reads
+                the sink from its own thread here, which is what it selects in SPDL.
         """
         options = BuildOptions(
             num_threads=num_threads,

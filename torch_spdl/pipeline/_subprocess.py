@@ -79,12 +79,18 @@ def iterate_in_subprocess(
 ) -> Iterator[T]:
     """Call ``fn()`` in a child process, iterate its result there, yield the items here.
 
-    ``fn`` (and ``initializer``, run first in the child) must be picklable: a module-level
-    function or a ``functools.partial`` of one. At most ``buffer_size`` items are in flight.
-    ``timeout`` bounds the wait for each item (``TimeoutError``). An error in the child is
-    re-raised here; a child that dies raises :class:`SubprocessError`. Closing the iterator
-    early stops and joins the child. ``daemon=False`` lets the child start processes of
-    its own (a daemonic process may not); it is joined all the same.
+    An error in the child is re-raised here; a child that dies raises
+    :class:`SubprocessError`. Closing the iterator early stops and joins the child.
+
+    Args:
+        fn: makes the iterable, in the child; it must be picklable (a module-level function
+            or a ``functools.partial`` of one).
+        buffer_size: the most items in flight between the child and here.
+        initializer: run first in the child (picklable too).
+        mp_context: how to start the child (``spawn`` by default).
+        timeout: the most seconds to wait for each item (``TimeoutError``).
+        daemon: ``False`` lets the child start processes of its own (a daemonic process
+            may not); it is joined all the same.
     """
     ctx = mp.get_context(mp_context)
     for what, obj in (("fn", fn), ("initializer", initializer)):

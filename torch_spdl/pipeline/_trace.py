@@ -177,8 +177,12 @@ class PipelineTrace:
 
 
 def export_chrome_trace(trace: Any, path: str | os.PathLike[str]) -> None:
-    """Write the trace of ``trace`` (a :class:`PipelineTrace` or a traced ``Pipeline``) to
-    ``path`` as Chrome trace JSON, which Perfetto and chrome://tracing load."""
+    """Write a trace as Chrome trace JSON, which Perfetto and chrome://tracing load.
+
+    Args:
+        trace: a :class:`PipelineTrace` or a traced ``Pipeline``.
+        path: the file to write.
+    """
     as_trace(trace).export_chrome_trace(path)
 
 
@@ -205,8 +209,11 @@ def plot_trace(
 ) -> None:
     """Write a PNG of per-stage throughput and queue occupancy over time to ``path``.
 
-    ``trace`` is a :class:`PipelineTrace` or a traced ``Pipeline``; ``bin_seconds`` is the
-    width of a throughput bin (default: a hundredth of the run, at least 10 ms).
+    Args:
+        trace: a :class:`PipelineTrace` or a traced ``Pipeline``.
+        path: the file to write.
+        bin_seconds: the width of a throughput bin (default: a hundredth of the run, at
+            least 10 ms).
     """
     try:  # a bare Figure renders with Agg and leaves pyplot's backend alone
         from matplotlib.figure import Figure
