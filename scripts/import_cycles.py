@@ -5,7 +5,7 @@ top, inside a function, or under ``if TYPE_CHECKING:``, since a cycle through an
 still ties the modules together for a reader. A cycle is a strongly connected component
 of the module graph with more than one module.
 
-Usage: python scripts/import_cycles.py [package_dir] [--graph PREFIX]
+Usage: python scripts/import_cycles.py [package_dir]   (default: torch_spdl/)
 """
 
 from __future__ import annotations
@@ -103,12 +103,8 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    args = [a for a in argv if not a.startswith("--")]
-    root = Path(args[0] if args else Path(__file__).resolve().parent.parent / "torch_spdl")
+    root = Path(argv[0] if argv else Path(__file__).resolve().parent.parent / "torch_spdl")
     graph = build_graph(root.resolve())
-    # A package's __init__ re-exports its modules; a module that imports a sibling through
-    # its package (``from . import x``) is resolved to the sibling above, so the edges
-    # from __init__ down are the only ones a package adds.
     cycles = strongly_connected(graph)
     print(f"{len(graph)} modules, {sum(len(v) for v in graph.values())} imports")
     for component in cycles:
