@@ -49,7 +49,7 @@ class Supervisor(Protocol):
     def start_thread(self, target: Callable[[], None], name: str) -> bool:
         """Start one more owned thread while running; False once the pipeline stops."""
 
-    def fail(self, error: Exception, *, node: Any = None, num_failures: int = 0) -> None:
+    def fail(self, error: Exception, *, node: Stage | None = None, num_failures: int = 0) -> None:
         """Fail the pipeline with ``error``, stopping what is upstream of ``node``."""
 
 
