@@ -15,7 +15,14 @@ from typing import Any, Generic, TypeVar
 
 import torch.utils.data
 
-from ..pipeline import OpKind, PipeConfig, PipelineBuilder, PipelineConfig, build_pipeline
+from ..pipeline import (
+    BuildOptions,
+    OpKind,
+    PipeConfig,
+    PipelineBuilder,
+    PipelineConfig,
+    build_pipeline,
+)
 from ..source import DistributedRandomSampler, resolve_rank_and_world_size
 
 __all__ = ["PipelineDataset"]
@@ -147,7 +154,7 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
         self.shard = shard
         self.rank = rank
         self.world_size = world_size
-        self.build_kwargs: dict[str, Any] = dict(
+        self.build_options = BuildOptions(
             num_threads=num_threads,
             max_failures=max_failures,
             report_stats_interval=report_stats_interval,
@@ -187,7 +194,7 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
                 source = _Shard(source, shard, num_shards)
             config = PipelineConfig(source, list(config.stages), config.buffer_size)
         _LG.debug("PipelineDataset: shard %d of %d", shard, num_shards)
-        pipeline = build_pipeline(config, **self.build_kwargs)
+        pipeline = build_pipeline(config, options=self.build_options)
         with pipeline.auto_stop():
             yield from pipeline
 

@@ -6,14 +6,8 @@ Mirrors ``spdl.pipeline``: code written for it keeps working after changing the 
 from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
 from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
 from ._background import BackgroundTask, BackgroundTaskFactory
-from ._builder import (
-    AggregateConfig,
-    DisaggregateConfig,
-    PipeConfig,
-    PipelineBuilder,
-    PipelineConfig,
-    build_pipeline,
-)
+from ._build import build_pipeline
+from ._builder import PipelineBuilder
 from ._compat import (
     cache_iterator,
     create_task,
@@ -22,11 +16,17 @@ from ._compat import (
     iterate_in_subinterpreter,
     run_pipeline_in_subinterpreter,
 )
+from ._config import (
+    AggregateConfig,
+    BuildOptions,
+    DisaggregateConfig,
+    PipeConfig,
+    PipelineConfig,
+)
 from ._errors import PipelineFailure
 from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
 from ._pipeline import Pipeline
-from ._plot import plot_trace
 from ._priority import (
     PriorityExecutorEntrypoint,
     PriorityProcessPoolExecutor,
@@ -35,8 +35,16 @@ from ._priority import (
 from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, profile_pipeline
 from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._stats import StageStats
-from ._subprocess import SubprocessError, iterate_in_subprocess, run_pipeline_in_subprocess
-from ._trace import PipelineTrace, TraceDecision, TraceSample, TraceSpan, export_chrome_trace
+from ._subprocess import SubprocessError, iterate_in_subprocess
+from ._subprocess_pipeline import run_pipeline_in_subprocess
+from ._trace import (
+    PipelineTrace,
+    TraceDecision,
+    TraceSample,
+    TraceSpan,
+    export_chrome_trace,
+    plot_trace,
+)
 
 __all__ = [
     "AggregateConfig",
@@ -46,6 +54,7 @@ __all__ = [
     "AutotuneSample",
     "BackgroundTask",
     "BackgroundTaskFactory",
+    "BuildOptions",
     "DisaggregateConfig",
     "PipeConfig",
     "Pipeline",

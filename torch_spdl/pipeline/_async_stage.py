@@ -22,7 +22,7 @@ from ._node import OpStage
 from ._ops import OpKind
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from ._protocols import Supervisor
 
 __all__ = ["AsyncStage"]
 
@@ -38,7 +38,7 @@ class AsyncStage(OpStage):
         self._released = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def launch(self, runtime: Runtime) -> None:
+    def launch(self, runtime: Supervisor) -> None:
         self.enter_stage_hooks()
         count = self.most_workers
         self._active = count

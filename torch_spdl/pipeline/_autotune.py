@@ -1,6 +1,7 @@
 """Automatic concurrency: the thread that measures a running pipeline and applies decisions.
 
-The tuner is split by job: ``_autotune_rules.py`` decides (pure logic, tested on synthetic
+The tuner is split by job: ``_autotune_config.py`` names its knobs, samples and decisions
+(data only), ``_autotune_rules.py`` decides (pure logic, tested on synthetic
 samples), ``_autotune_model.py`` sizes stages from item costs (Little's law),
 ``_autotune_meter.py`` measures those costs inside autotuned stages,
 ``_autotune_probes.py`` reads the process (cores, CPU, memory), ``_autotune_memory.py``
@@ -15,23 +16,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from . import _autotune_memory as memory
-from ._autotune_probes import cpu_count, process_cpu_seconds, read_rss
-from ._autotune_rules import (
+from ._autotune_config import (
     DEFAULT_CPU_BUDGET,
     DEFAULT_MAX_COROUTINES,
     DEFAULT_MAX_THREADS,
     DEFAULT_START,
     AutotuneConfig,
-    AutotuneController,
     AutotuneSample,
     Decision,
     StageSample,
 )
+from ._autotune_probes import cpu_count, process_cpu_seconds, read_rss
+from ._autotune_rules import AutotuneController
+from ._protocols import QueueReading, StageReading, TunableStage
 
 __all__ = [
     "DEFAULT_CPU_BUDGET",
@@ -52,65 +53,6 @@ __all__ = [
 ]
 
 _LG = logging.getLogger("torch_spdl.pipeline.autotune")
-
-
-@dataclass(frozen=True)
-class QueueReading:
-    """A queue's counters so far: items taken by its reader, the sum of the depths each
-    taker saw, its capacity (0: unbounded) and its depth now."""
-
-    gets: int
-    depth_sum: int
-    capacity: int
-    depth: int
-
-    def occupancy(self, before: QueueReading) -> float:
-        """How full the queue was between ``before`` and this reading (0 to 1)."""
-        cap = self.capacity
-        if not cap:
-            return 0.0
-        gets = self.gets - before.gets
-        if gets > 0:
-            return min(((self.depth_sum - before.depth_sum) / gets) / max(cap - 1, 1), 1.0)
-        return min(self.depth / cap, 1.0)
-
-
-@dataclass(frozen=True)
-class StageReading:
-    """A stage's cumulative counters: items finished and the wall and CPU seconds spent on
-    them in its op (``cpu`` None: not measured), and its input and output queues."""
-
-    items: int
-    busy: float
-    cpu: float | None
-    inbox: QueueReading
-    outbox: QueueReading
-
-
-class TunableStage(Protocol):
-    """What the tuner needs of a stage, and all it uses."""
-
-    name: str
-    tune_key: Hashable | None  # where what was learnt is kept (None: not kept)
-
-    @property
-    def concurrency(self) -> int: ...
-
-    @property
-    def tunable(self) -> bool: ...
-
-    @property
-    def bound(self) -> int: ...
-
-    @property
-    def floor(self) -> int: ...
-
-    @property
-    def finished(self) -> bool: ...
-
-    def set_concurrency(self, n: int) -> int: ...
-
-    def reading(self) -> StageReading: ...
 
 
 class DecisionSink(Protocol):

@@ -59,7 +59,7 @@ class StageMeter:
 
     def _cell(self) -> _Cell:
         try:
-            return self._local.cell  # type: ignore[no-any-return]
+            return self._local.cell
         except AttributeError:
             cell = self._local.cell = _Cell()
             with self._lock:

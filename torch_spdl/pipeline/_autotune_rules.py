@@ -17,136 +17,31 @@ every rule can be tested on synthetic samples: it reads no clock and starts no t
 Every decision is recorded as a :class:`Decision` (``events``), with its reason, which the
 sampler thread forwards to the trace; ``decisions`` keeps the same as lines of text.
 See docs/autotune.md for the algorithm in words.
+
+Why this file is one piece (over 400 lines): it is one state machine. The phases share the
+controller's state (the window of samples, the baseline, the trial under way, what is
+known not to help), and each rule reads what the others left; split across modules they
+would have to pass that state back and forth. Its data types are in
+``_autotune_config.py``, the sizing model in ``_autotune_model.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 
+from ._autotune_config import (
+    AutotuneConfig,
+    AutotuneSample,
+    Decision,
+    StageSample,
+)
 from ._autotune_model import StageCost, model_targets
 from ._autotune_probes import cpu_count
 
-__all__ = [
-    "DEFAULT_CPU_BUDGET",
-    "DEFAULT_MAX_COROUTINES",
-    "DEFAULT_MAX_THREADS",
-    "DEFAULT_START",
-    "AutotuneConfig",
-    "AutotuneController",
-    "AutotuneSample",
-    "Decision",
-    "StageSample",
-]
+__all__ = ["AutotuneController"]
 
 _LG = logging.getLogger("torch_spdl.pipeline.autotune")
-
-DEFAULT_CPU_BUDGET = 0.4
-DEFAULT_MAX_THREADS = 64
-DEFAULT_MAX_COROUTINES = 256
-# Where an autotuned stage starts: enough workers for the first items (what the model
-# measures) to come quickly, few enough to cost nothing for the few ms before the model.
-DEFAULT_START = 4
-
-
-@dataclass(frozen=True)
-class AutotuneConfig:
-    """The controller's knobs.
-
-    ``cpu_budget``: the most process CPU time per second, as a fraction of the cores this
-    process may use (0.4 on 8 cores: 3.2 cores). ``memory_limit``: the most resident memory
-    in bytes (None: no bound). A tick is ``interval`` seconds; after each change the first
-    ``settle_ticks`` are ignored and the next ``measure_ticks`` averaged. A change is kept
-    when throughput rises by more than ``min_gain``; at a held configuration, a shift of
-    more than ``drift`` for ``drift_windows`` windows in a row starts a new exploration
-    (one window when the model then asks for ``remodel_factor`` times more or less of a
-    stage). The process may exceed the CPU budget by ``cpu_tolerance`` (relative) before
-    stages are shrunk, a band that keeps grow and shrink decisions apart. A stage is a
-    bottleneck when its input queue is fuller than its output queue by
-    ``bottleneck_margin``. The model step ticks every ``model_interval`` seconds until each
-    autotuned stage has finished ``model_items`` items (at most ``model_ticks`` ticks);
-    ``model=False`` skips it (hill-climbing only, as before the model existed).
-    """
-
-    cpu_budget: float = DEFAULT_CPU_BUDGET
-    memory_limit: int | None = None
-    interval: float = 0.1
-    settle_ticks: int = 1
-    measure_ticks: int = 3
-    min_gain: float = 0.03
-    drift: float = 0.2
-    drift_windows: int = 2
-    cpu_tolerance: float = 0.1
-    bottleneck_margin: float = 0.2
-    model: bool = True
-    model_interval: float = 0.005
-    model_items: int = 2
-    model_ticks: int = 30
-    remodel_factor: float = 1.25
-
-    def __post_init__(self) -> None:
-        if not 0 < self.cpu_budget <= 1:
-            raise ValueError(
-                f"cpu_budget must be a fraction of the machine's cores in (0, 1], "
-                f"got {self.cpu_budget!r}"
-            )
-        if self.memory_limit is not None and self.memory_limit <= 0:
-            raise ValueError(
-                f"memory_limit must be a positive number of bytes, got {self.memory_limit!r}"
-            )
-        if self.interval <= 0 or self.model_interval <= 0:
-            raise ValueError(
-                f"the autotune interval must be positive, got {self.interval!r} "
-                f"(model_interval {self.model_interval!r})"
-            )
-        if self.measure_ticks < 1 or self.settle_ticks < 0:
-            raise ValueError("measure_ticks must be >= 1 and settle_ticks >= 0")
-        if self.model_items < 1 or self.model_ticks < 1:
-            raise ValueError("model_items and model_ticks must be >= 1")
-
-
-@dataclass(frozen=True)
-class StageSample:
-    """One stage over one tick. Occupancies are 0 (empty) to 1 (full).
-
-    ``min_concurrency`` is the least the tuner may set. ``measured`` says whether the
-    cost fields are filled: ``items`` finished over the tick,
-    ``busy`` wall seconds and ``cpu_busy`` CPU seconds (None: not measured) inside the op
-    for them, summed over workers.
-    """
-
-    name: str
-    concurrency: int
-    max_concurrency: int  # the concurrency of a fixed stage
-    tunable: bool
-    in_occupancy: float
-    out_occupancy: float
-    measured: bool = False
-    items: int = 0
-    busy: float = 0.0
-    cpu_busy: float | None = None
-    min_concurrency: int = 1  # the least the stage may run
-
-
-@dataclass(frozen=True)
-class AutotuneSample:
-    """The whole pipeline over one tick (``seconds`` long; 0: the configured interval)."""
-
-    throughput: float  # items/s delivered to the consumer
-    cpu: float  # process CPU time / (wall time * cores)
-    rss: int | None  # resident bytes, None if unknown
-    stages: tuple[StageSample, ...]
-    seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Decision:
-    """One decision: ``stage`` set to ``concurrency`` (both None for a decision to hold)."""
-
-    stage: str | None
-    concurrency: int | None
-    reason: str
 
 
 class AutotuneController:

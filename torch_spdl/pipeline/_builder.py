@@ -1,165 +1,43 @@
-"""Declaring a pipeline: ``PipelineBuilder`` records stage specs; ``build`` instantiates them.
+"""Declaring a pipeline: ``PipelineBuilder`` records stage specs, and ``build`` runs them.
 
 A builder holds no threads and no state of a run, so one builder can be built any number of
 times (each build is a fresh pipeline), pickled to a subprocess, or profiled stage by stage.
+It checks each call's arguments and records a frozen spec (``_config.py``); making the
+nodes and channels of a run is ``_build.py``'s job, which :meth:`PipelineBuilder.build`
+hands over to.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
 
-from . import _autotune_memory
-from ._aggregate import AggregateStage, Aggregator, Collate, DisaggregateStage
-from ._async_stage import AsyncStage
-from ._autotune import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, DEFAULT_START, AutotuneConfig
+from ._aggregator import Aggregator
 from ._background import BackgroundTaskFactory
-from ._channel import Channel
-from ._failures import FailureBudget, MaxFailures, check_max_failures
-from ._hooks import StageInfo, TaskHook, check_hooks
-from ._nested import MergedSource, PathVariantsStage
-from ._node import Node
-from ._ops import OpKind, classify_op, op_name
+from ._build import build
+from ._config import (
+    BuildOptions,
+    Concurrency,
+    DisaggregateConfig,
+    OutputOrder,
+    PathVariantsConfig,
+    PipeConfig,
+    PipelineConfig,
+    StageConfig,
+    aggregate_config,
+)
+from ._failures import MaxFailures, check_max_failures
+from ._hooks import StageInfo, TaskHook
+from ._ops import classify_op, op_name
 from ._pipeline import Pipeline
-from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
-from ._region import PlacementConfig, RegionConfig, RegionStage, fuse_regions
-from ._runtime import Runtime
-from ._source import SourceNode
-from ._thread_stage import ThreadStage
+from ._placement import PlacementConfig
+from ._queues import AsyncQueue
 
-__all__ = [
-    "PathVariantsConfig",
-    "PipelineBuilder",
-    "PipelineConfig",
-    "PipeConfig",
-    "AggregateConfig",
-    "DisaggregateConfig",
-    "build_pipeline",
-]
+__all__ = ["PipelineBuilder"]
 
 T = TypeVar("T")
 U = TypeVar("U")
-
-OutputOrder = Literal["completion", "input"]
-Concurrency = int | Literal["auto"]
-
-
-@dataclass(frozen=True)
-class PipeConfig:
-    """One ``pipe`` stage as declared."""
-
-    op: Any
-    concurrency: Concurrency = 1
-    executor: Executor | None = None
-    output_order: OutputOrder = "completion"
-    name: str | None = None
-    max_failures: MaxFailures | None = None
-    queue_size: int | None = None
-    max_concurrency: int | None = None
-    initial_concurrency: int | None = None
-    # The stage id under which an autotuned stage's setting is kept for the next build of
-    # this declaration (docs/autotune.md, "Keeping what was learnt").
-    tune_key: int = field(default_factory=_autotune_memory.new_stage_id, compare=False)
-    min_concurrency: int | None = None
-
-    @property
-    def kind(self) -> OpKind:
-        return classify_op(self.op)[1]
-
-    @property
-    def auto(self) -> bool:
-        """True when the autotuner chooses this stage's concurrency."""
-        return self.concurrency == "auto"
-
-    def concurrency_bound(self) -> int:
-        """The declared concurrency, or the most an autotuned stage may grow to."""
-        if not self.auto:
-            return int(self.concurrency)
-        if self.max_concurrency is not None:
-            return self.max_concurrency
-        return DEFAULT_MAX_COROUTINES if self.kind.is_async else DEFAULT_MAX_THREADS
-
-    def label(self) -> str:
-        return self.name or op_name(self.op)
-
-
-@dataclass(frozen=True)
-class AggregateConfig:
-    """``aggregate(size, drop_last=...)`` as declared; ``aggregator`` is set (and ``size``
-    is 0) for a custom :class:`~torch_spdl.pipeline.defs.Aggregator`."""
-
-    size: int
-    drop_last: bool = False
-    aggregator: Aggregator | None = None
-
-    def label(self) -> str:
-        if self.aggregator is not None:
-            return f"aggregate({type(self.aggregator).__name__})"
-        return f"aggregate({self.size})"
-
-    def make_aggregator(self) -> Aggregator:
-        """A fresh aggregator for one build (a custom one is copied, state and all)."""
-        if self.aggregator is not None:
-            return copy.deepcopy(self.aggregator)
-        return Collate(self.size)
-
-
-@dataclass(frozen=True)
-class DisaggregateConfig:
-    """``disaggregate()`` as declared."""
-
-    def label(self) -> str:
-        return "disaggregate"
-
-
-@dataclass(frozen=True)
-class PathVariantsConfig:
-    """``path_variants(router, paths)`` as declared: each item goes down the path whose
-    index ``router(item)`` returns; the paths' outputs join into one stream."""
-
-    router: Callable[[Any], Any]
-    paths: tuple[tuple[Any, ...], ...]
-    name: str | None = None
-
-    def __post_init__(self) -> None:
-        # ValueError for all of these, as SPDL raises (code may catch it)
-        if not callable(self.router):
-            raise ValueError(f"the router must be callable, got {self.router!r}")
-        if not self.paths:
-            raise ValueError("path_variants needs at least one path")
-        for i, path in enumerate(self.paths):
-            if not path:
-                raise ValueError(f"path {i} of path_variants is empty")
-            for stage in path:
-                if not isinstance(
-                    stage, (PipeConfig, AggregateConfig, DisaggregateConfig, PathVariantsConfig)
-                ):
-                    raise ValueError(
-                        f"path {i} of path_variants holds {stage!r}: a path holds stages "
-                        "(Pipe, Aggregate, Disaggregate, PathVariants)"
-                    )
-
-    def label(self) -> str:
-        return self.name or f"path_variants({len(self.paths)})"
-
-
-StageConfig = (
-    PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig | PlacementConfig
-)
-
-
-@dataclass
-class PipelineConfig:
-    """Everything ``build`` needs: the source, the stages in order, the sink size."""
-
-    source: Any
-    stages: list[StageConfig] = field(default_factory=list)
-    buffer_size: int = 3
-    continuous: bool = False  # add_source(continuous=True): one run per epoch, kept going
 
 
 class PipelineBuilder(Generic[T, U]):
@@ -232,25 +110,35 @@ class PipelineBuilder(Generic[T, U]):
     ) -> PipelineBuilder[T, U]:
         """Apply ``op`` to every item.
 
-        ``op`` takes one argument and may be a function, an async function, a generator or
-        an async generator (each yielded value becomes an item), a callable object, or a
-        container with ``__getitem__``. A ``None`` result is dropped (as in SPDL).
-        Sync ops run on ``concurrency`` worker threads of their own, or are handed to
-        ``executor`` (a ``ThreadPoolExecutor`` for a dedicated thread, a
-        ``ProcessPoolExecutor`` for processes) with at most ``concurrency`` items in flight.
-        Async ops run on the pipeline's event loop as ``concurrency`` coroutines.
-        ``output_order="input"`` keeps the input order; ``"completion"`` emits as finished.
-        ``max_failures`` gives this stage a failure limit of its own, counted on its items
-        alone, instead of sharing the one given to :meth:`build`: an ``int`` count (-1: no
-        limit) or a ``fractions.Fraction`` rate in (0, 1] (see :meth:`build`).
-        ``queue_size`` sets the capacity of this stage's input queue.
-        ``concurrency="auto"`` lets the pipeline choose and adapt it while running, from 1
-        up to ``max_concurrency`` (default 64 threads, 256 coroutines), starting at
-        ``initial_concurrency`` (default: where the tuner left this stage in the last build
-        of this builder in this process, else 4, so that its first items, which the tuner
-        measures, come quickly), and never below ``min_concurrency`` (default 1: a floor
-        that makes ``"auto"`` only ever add to a known-good value); see ``build``'s
-        ``cpu_budget`` and ``memory_limit``. An ``int`` concurrency is always used exactly.
+        A ``None`` result is dropped (as in SPDL). Sync ops run on ``concurrency`` worker
+        threads of their own, or are handed to ``executor`` with at most ``concurrency``
+        items in flight; async ops run on the pipeline's event loop as ``concurrency``
+        coroutines. An ``int`` concurrency is always used exactly; ``"auto"`` lets the
+        pipeline choose and adapt it while running, within ``build``'s ``cpu_budget`` and
+        ``memory_limit``.
+
+        Args:
+            op: takes one argument: a function, an async function, a generator or an async
+                generator (each yielded value becomes an item), a callable object, or a
+                container with ``__getitem__``.
+            concurrency: how many workers run ``op`` at once, or ``"auto"``.
+            executor: a ``ThreadPoolExecutor`` (a dedicated thread) or
+                ``ProcessPoolExecutor`` (processes) to run a sync ``op`` on; an async op
+                takes none.
+            name: the stage's name in stats, traces and errors (default: the op's name).
+            output_order: ``"completion"`` emits results as they finish; ``"input"``
+                keeps the input order.
+            max_failures: a failure limit of this stage's own, counted on its items alone,
+                instead of sharing the one given to :meth:`build`: an ``int`` count (-1:
+                no limit) or a ``fractions.Fraction`` rate in (0, 1] (see :meth:`build`).
+            queue_size: the capacity of this stage's input queue.
+            max_concurrency: with ``"auto"``, the most it may grow to (default 64
+                threads, 256 coroutines).
+            initial_concurrency: with ``"auto"``, where it starts (default: where the
+                tuner left this stage in the last build of this builder in this process,
+                else 4, so that its first items, which the tuner measures, come quickly).
+            min_concurrency: with ``"auto"``, the least it runs (default 1; a floor makes
+                ``"auto"`` only ever add to a known-good value).
         """
         _, kind = classify_op(op)
         if concurrency != "auto" and (not isinstance(concurrency, int) or concurrency < 1):
@@ -359,7 +247,11 @@ class PipelineBuilder(Generic[T, U]):
         return self
 
     def add_sink(self, buffer_size: int = 3) -> PipelineBuilder[T, U]:
-        """Set the size of the output buffer the consumer reads from (0: unbounded)."""
+        """Set the size of the output buffer the consumer reads from.
+
+        Args:
+            buffer_size: the most finished items waiting for the consumer (0: unbounded).
+        """
         if self._buffer_size is not None:
             raise ValueError("the sink is already set")
         if not isinstance(buffer_size, int) or buffer_size < 0:
@@ -392,37 +284,38 @@ class PipelineBuilder(Generic[T, U]):
     ) -> Pipeline[U]:
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
-        ``num_threads``, when given, caps each sync stage's worker threads (stages never
-        share threads). ``max_failures`` is how many failed items the pipeline may drop
-        before it fails, counted across every stage that does not set its own in
-        :meth:`pipe`: an ``int`` count (-1: no limit), or a ``fractions.Fraction`` rate in
-        (0, 1], failures / items taken by those stages, checked once they have taken at
-        least ``max(100, 1/rate)`` items (and when they end); a rate out of range is a
-        ``ValueError`` here. ``report_stats_interval`` > 0 logs the stage
-        table every that many seconds. ``queue_size`` overrides the capacity of the queues
-        between stages (default: 64 samples, or 2 per worker for batches).
-        ``cpu_budget`` (fraction of this machine's cores, default 0.4) and ``memory_limit``
-        (resident bytes, default none) bound what stages with ``concurrency="auto"`` may grow
-        to. ``trace=True`` records every item's time in every stage and the queue depths:
-        read them with :meth:`Pipeline.trace`.
-        ``task_hook_factory`` makes each stage's :class:`TaskHook` list from its
-        :class:`StageInfo` (default: no hooks, and no cost); ``stage_id`` is passed to it.
-        ``background_tasks`` are factories of :class:`BackgroundTask`: each runs on the
-        pipeline's event loop from start to stop; a failure is logged, not raised.
-        ``queue_class`` (a subclass of :class:`AsyncQueue`, such as :class:`StatsQueue`)
-        observes every queue between stages: one instance per queue, its ``stage_hook()``
-        held from start to stop, and every hand-off reported to it (see ``_queues.py``;
-        default: none, and no cost). ``use_thread_output_queue`` is accepted for SPDL
-        code: the consumer always reads the sink from its own thread here, which is what
-        that option selects in SPDL.
+        The keywords make one :class:`BuildOptions`, the options of this build.
+
+        Args:
+            num_threads: caps each sync stage's worker threads (stages never share
+                threads; default: no cap).
+            max_failures: how many failed items the pipeline may drop before it fails,
+                counted across every stage that does not set its own in :meth:`pipe`: an
+                ``int`` count (-1: no limit), or a ``fractions.Fraction`` rate in (0, 1],
+                failures / items taken by those stages, checked once they have taken at
+                least ``max(100, 1/rate)`` items (and when they end); a rate out of range
+                is a ``ValueError`` here.
+            report_stats_interval: when > 0, log the stage table every that many seconds.
+            queue_size: the capacity of the queues between stages (default: 64 samples,
+                or 2 per worker for batches).
+            cpu_budget: the fraction of this machine's cores that stages with
+                ``concurrency="auto"`` may grow to use (default 0.4).
+            memory_limit: the resident bytes those stages may grow to (default: none).
+            trace: record every item's time in every stage and the queue depths; read
+                them with :meth:`Pipeline.trace`.
+            task_hook_factory: makes each stage's :class:`TaskHook` list from its
+                :class:`StageInfo` (default: no hooks, and no cost).
+            stage_id: passed to ``task_hook_factory`` in each :class:`StageInfo`.
+            background_tasks: factories of :class:`BackgroundTask`: each runs on the
+                pipeline's event loop from start to stop; a failure is logged, not raised.
+            queue_class: a subclass of :class:`AsyncQueue` (such as :class:`StatsQueue`)
+                that observes every queue between stages: one instance per queue, its
+                ``stage_hook()`` held from start to stop, and every hand-off reported to
+                it (default: none, and no cost).
+            use_thread_output_queue: accepted for SPDL code: the consumer always reads
+                the sink from its own thread here, which is what it selects in SPDL.
         """
-        return build_pipeline(
-            self.get_config(),
-            queue_class=queue_class,
-            use_thread_output_queue=use_thread_output_queue,
-            background_tasks=background_tasks,
-            task_hook_factory=task_hook_factory,
-            stage_id=stage_id,
+        options = BuildOptions(
             num_threads=num_threads,
             max_failures=max_failures,
             report_stats_interval=report_stats_interval,
@@ -430,202 +323,14 @@ class PipelineBuilder(Generic[T, U]):
             cpu_budget=cpu_budget,
             memory_limit=memory_limit,
             trace=trace,
+            task_hook_factory=task_hook_factory,
+            stage_id=stage_id,
+            background_tasks=background_tasks,
+            queue_class=queue_class,
+            use_thread_output_queue=use_thread_output_queue,
         )
+        return build(self.get_config(), options)
 
     def __repr__(self) -> str:
         stages = " -> ".join(s.label() for s in self._stages)
         return f"PipelineBuilder(source -> {stages or '(no stage)'} -> sink)"
-
-
-def aggregate_config(num_items: int | Aggregator, drop_last: bool) -> AggregateConfig:
-    """Check and record an ``aggregate`` stage."""
-    if isinstance(num_items, Aggregator):
-        return AggregateConfig(0, drop_last, num_items)
-    if isinstance(num_items, bool) or not isinstance(num_items, int) or num_items < 1:
-        raise ValueError(f"aggregate needs a positive int or an Aggregator, got {num_items!r}")
-    return AggregateConfig(num_items, drop_last)
-
-
-def queue_capacity(workers: int, batched: bool) -> int:
-    """Capacity of the channel that feeds a stage of ``workers`` workers.
-
-    Each worker should find its next item waiting, and between threads that share the GIL
-    every hand-off that empties or fills a queue costs a thread switch (tens of us here), so
-    queues of single samples get room for 64: a producer then runs a while before it must
-    switch. Queues of batches (after ``aggregate``) hold far larger items and get just
-    enough for every worker to have one ready. Either way the bound is a constant, so memory
-    stays bounded whatever the source.
-    """
-    return max(2 * workers, 4) if batched else max(2 * workers, 64)
-
-
-def build_pipeline(
-    config: PipelineConfig,
-    *,
-    num_threads: int | None = None,
-    max_failures: MaxFailures = -1,
-    report_stats_interval: float = -1,
-    queue_size: int | None = None,
-    cpu_budget: float | None = None,
-    memory_limit: int | None = None,
-    trace: bool = False,
-    autotune: AutotuneConfig | None = None,
-    task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
-    stage_id: int = 0,
-    background_tasks: Sequence[BackgroundTaskFactory] = (),
-    queue_class: type[AsyncQueue] | None = None,
-    use_thread_output_queue: Any = None,
-) -> Pipeline[Any]:
-    """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`.
-
-    The keywords are those of :meth:`PipelineBuilder.build`; ``autotune`` replaces the
-    whole autotuner configuration (``cpu_budget`` and ``memory_limit`` are its two usual
-    knobs).
-
-    Args:
-        config: the declaration: ``PipelineBuilder.get_config()``, or SPDL's
-            :class:`torch_spdl.pipeline.defs.PipelineConfig`.
-    """
-    to_builder_config = getattr(config, "_to_builder_config", None)  # defs.PipelineConfig
-    if to_builder_config is not None:
-        config = to_builder_config()
-    if config.continuous:  # one fresh run per epoch, behind one Pipeline
-        options = {k: v for k, v in locals().items() if k not in ("config", "to_builder_config")}
-        one_epoch = dataclasses.replace(config, continuous=False)
-        first = build_pipeline(one_epoch, **options)
-        first._continue_with(lambda: build_pipeline(one_epoch, **options))
-        return first
-
-    def make_inner(inner: Any) -> Pipeline[Any]:  # a pipeline inside this one
-        return build_pipeline(
-            inner,
-            num_threads=num_threads,
-            max_failures=max_failures,
-            task_hook_factory=task_hook_factory,
-            stage_id=stage_id,
-            queue_class=queue_class,
-        )
-
-    if any(isinstance(s, PlacementConfig) for s in config.stages):
-        config = dataclasses.replace(config, stages=fuse_regions(config.stages))
-    if isinstance(config.source, MergedSource):
-        config = dataclasses.replace(config, source=config.source.with_builder(make_inner))
-    if num_threads is not None and num_threads < 1:
-        raise ValueError(f"num_threads must be positive, got {num_threads!r}")
-    if queue_size is not None and queue_size < 1:
-        raise ValueError(f"queue_size must be positive, got {queue_size!r}")
-    check_max_failures(max_failures, "build")
-    # The build-level limit is one budget shared by the stages without a limit of their
-    # own; it reads their item counts only when an item fails.
-    shared: list[Node] = []
-    shared_budget = FailureBudget(max_failures, lambda: sum(n.invocations() for n in shared))
-    if autotune is None:
-        autotune = AutotuneConfig(
-            **({} if cpu_budget is None else {"cpu_budget": cpu_budget}),
-            memory_limit=memory_limit,
-        )
-    workers = [_workers(s, num_threads) for s in config.stages]
-    queues: list[AsyncQueue] = []
-
-    def new_channel(capacity: int, name: str) -> Channel[Any]:
-        if queue_class is None:
-            return Channel(capacity, name=name)
-        queues.append(make_queue(queue_class, name, capacity, report_stats_interval))
-        return ObservedChannel(capacity, name, queues[-1])
-
-    channels: list[Channel[Any]] = []
-    depth = 0  # how many aggregates deep: > 0 means the items are batches
-    for i, spec in enumerate(config.stages):
-        own = spec.queue_size if isinstance(spec, PipeConfig) else None
-        # an autotuned stage's queue is sized for a few workers, not its maximum: a queue of
-        # batches sized for 64 workers would hold 128 batches
-        sized = min(workers[i], 4) if isinstance(spec, PipeConfig) and spec.auto else workers[i]
-        capacity = own or queue_size or queue_capacity(sized, batched=depth > 0)
-        channels.append(new_channel(capacity, f"{i + 1}:{spec.label()} input"))
-        if isinstance(spec, AggregateConfig):
-            depth += 1
-        elif isinstance(spec, DisaggregateConfig):
-            depth = max(depth - 1, 0)
-    channels.append(new_channel(config.buffer_size, "sink"))
-    if queues:
-        background_tasks = [*background_tasks, queue_hooks_task(queues)]
-
-    nodes: list[Node] = [SourceNode(config.source, channels[0])]
-    for i, spec in enumerate(config.stages):
-        name = f"{i + 1}:{spec.label()}"
-        inbox, outbox = channels[i], channels[i + 1]
-        hooks: list[TaskHook] = []
-        if task_hook_factory is not None:
-            hooks = check_hooks(task_hook_factory(StageInfo(name, i + 1, stage_id)), name)
-        if isinstance(spec, RegionConfig):
-            options = {"num_threads": num_threads, "max_failures": max_failures}
-            node = RegionStage(name, list(spec.stages), spec.executor, options, inbox, outbox)
-            nodes.append(node)
-        elif isinstance(spec, PathVariantsConfig):
-            makers = [
-                lambda src, p=path: make_inner(PipelineConfig(src, list(p), 2))
-                for path in spec.paths
-            ]
-            node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=shared_budget)
-            shared.append(node)
-            nodes.append(node)
-        elif isinstance(spec, AggregateConfig):
-            aggregator = spec.make_aggregator()
-            nodes.append(AggregateStage(name, aggregator, spec.drop_last, inbox, outbox, hooks))
-        elif isinstance(spec, DisaggregateConfig):
-            nodes.append(DisaggregateStage(name, inbox, outbox, hooks))
-        else:
-            op, kind = classify_op(spec.op)
-            own_limit = spec.max_failures is not None
-            floor = min(spec.min_concurrency or 1, workers[i])
-            start = (
-                spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or DEFAULT_START
-            )
-            common = dict(
-                workers=max(floor, min(start, workers[i])) if spec.auto else workers[i],
-                ordered=spec.output_order == "input",
-                max_failures=spec.max_failures if own_limit else -1,
-                max_workers=workers[i] if spec.auto else None,
-                budget=None if own_limit else shared_budget,
-                hooks=hooks,
-                tune_key=spec.tune_key if spec.auto else None,
-                min_workers=floor,
-            )
-            if kind.is_async:
-                node: Node = AsyncStage(name, op, kind, inbox, outbox, **common)
-            else:
-                node = ThreadStage(name, op, kind, inbox, outbox, executor=spec.executor, **common)
-            if not own_limit:
-                shared.append(node)
-            nodes.append(node)
-    runtime = Runtime(
-        nodes,
-        channels,
-        report_stats_interval=report_stats_interval,
-        autotune=autotune,
-        trace=trace,
-        background_tasks=background_tasks,
-    )
-    return Pipeline(runtime, channels[-1], description=_describe(config))
-
-
-def _workers(spec: StageConfig, num_threads: int | None) -> int:
-    """A stage's worker count, or for an autotuned stage the most it may grow to."""
-    if not isinstance(spec, PipeConfig):
-        return 1
-    bound = spec.concurrency_bound()
-    if spec.executor is None and not spec.kind.is_async and num_threads is not None:
-        return min(bound, num_threads)
-    return bound
-
-
-def _describe(config: PipelineConfig) -> str:
-    parts = ["source"]
-    for spec in config.stages:
-        if isinstance(spec, PipeConfig):
-            conc = f"auto<={spec.concurrency_bound()}" if spec.auto else spec.concurrency
-            parts.append(f"{spec.label()}[{conc}]")
-        else:
-            parts.append(spec.label())
-    parts.append(f"sink({config.buffer_size})")
-    return " -> ".join(parts)

@@ -107,13 +107,25 @@ def _no_subinterpreters(name: str) -> NoReturn:
 
 def iterate_in_subinterpreter(fn: Any, *args: Any, **kwargs: Any) -> NoReturn:
     """SPDL's subinterpreter counterpart of ``iterate_in_subprocess``: not available (it
-    raises, naming the Python version it needs)."""
+    raises, naming the Python version it needs).
+
+    Args:
+        fn: as in ``iterate_in_subprocess``.
+        args: as in ``iterate_in_subprocess``.
+        kwargs: as in ``iterate_in_subprocess``.
+    """
     _no_subinterpreters("iterate_in_subinterpreter")
 
 
 def run_pipeline_in_subinterpreter(config: Any, *args: Any, **kwargs: Any) -> NoReturn:
     """SPDL's subinterpreter counterpart of ``run_pipeline_in_subprocess``: not available
-    (it raises, naming the Python version it needs)."""
+    (it raises, naming the Python version it needs).
+
+    Args:
+        config: as in ``run_pipeline_in_subprocess``.
+        args: as in ``run_pipeline_in_subprocess``.
+        kwargs: as in ``run_pipeline_in_subprocess``.
+    """
     _no_subinterpreters("run_pipeline_in_subinterpreter")
 
 

@@ -28,8 +28,7 @@ from ._hooks import StageInfo
 from ._node import Node
 
 if TYPE_CHECKING:
-    from ._pipeline import Pipeline
-    from ._runtime import Runtime
+    from ._protocols import InnerPipeline, Supervisor
 
 __all__ = ["ChannelSource", "MergedSource", "PathVariantsStage", "merge_as_available"]
 
@@ -59,16 +58,16 @@ class MergedSource:
         self,
         configs: Sequence[Any],
         op: MergeOp | None = None,
-        make_pipeline: Callable[[Any], Pipeline[Any]] | None = None,
+        make_pipeline: Callable[[Any], InnerPipeline] | None = None,
     ) -> None:
         if not configs:
             raise ValueError("Merge needs at least one upstream pipeline config")
         self.configs = list(configs)
         self.op = op
         self.make_pipeline = make_pipeline
-        self._running: list[list[Pipeline[Any]]] = []
+        self._running: list[list[InnerPipeline]] = []
 
-    def with_builder(self, make_pipeline: Callable[[Any], Pipeline[Any]]) -> MergedSource:
+    def with_builder(self, make_pipeline: Callable[[Any], InnerPipeline]) -> MergedSource:
         """A copy that builds its inner pipelines with ``make_pipeline``."""
         return MergedSource(self.configs, self.op, make_pipeline)
 
@@ -98,7 +97,7 @@ class MergedSource:
         output: asyncio.Queue = asyncio.Queue(2)
         errors: list[BaseException] = []
 
-        async def feed(pipeline: Pipeline[Any], queue: asyncio.Queue) -> None:
+        async def feed(pipeline: InnerPipeline, queue: asyncio.Queue) -> None:
             try:
                 pipeline.start()
                 items = pipeline.get_iterator()
@@ -164,7 +163,7 @@ class PathVariantsStage(Node):
         self,
         name: str,
         router: Callable[[Any], Any],
-        make_paths: Sequence[Callable[[Any], Pipeline[Any]]],
+        make_paths: Sequence[Callable[[Any], InnerPipeline]],
         inbox: Channel[Any],
         outbox: Channel[Any],
         *,
@@ -186,7 +185,7 @@ class PathVariantsStage(Node):
         pairs = zip(make_paths, self.routes, strict=True)
         self.paths = [make(ChannelSource(route)) for make, route in pairs]
 
-    def launch(self, runtime: Runtime) -> None:
+    def launch(self, runtime: Supervisor) -> None:
         runtime.spawn_thread(self._route, f"torch_spdl-{self.name}-router")
         for i, path in enumerate(self.paths):
             runtime.spawn_thread(partial(self._join, path), f"torch_spdl-{self.name}-path{i}")
@@ -237,7 +236,7 @@ class PathVariantsStage(Node):
                 loop.close()
             self._finish()
 
-    def _join(self, path: Pipeline[Any]) -> None:
+    def _join(self, path: InnerPipeline) -> None:
         put = self.outbox.put
         try:
             path.start()

@@ -1,4 +1,8 @@
-"""The protocol every stage obeys, and the bookkeeping they share.
+"""The base every stage shares: lifecycle, counters, failure policy and end of stream.
+
+The contract itself (what the runtime calls on a stage, what a stage may ask of the
+runtime) is written in ``_protocols.py``; this is the one implementation of it that every
+stage derives from.
 
 A node reads its ``inbox`` channel, writes its ``outbox`` channel and runs ``workers``
 workers, threads or coroutines that the runtime owns. The last worker to leave closes the
@@ -19,18 +23,17 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._autotune import QueueReading, StageReading
 from ._autotune_meter import StageMeter
 from ._channel import Channel
 from ._errors import describe_item
 from ._failures import FailureBudget
 from ._ops import OpKind
+from ._protocols import QueueReading, StageReading
 from ._stats import Counters, StageStats
 
 if TYPE_CHECKING:
     from ._hooks import TaskHook
-    from ._runtime import Runtime
-    from ._trace import Tracer
+    from ._protocols import StageTracer, Supervisor
 
 __all__ = ["Node", "OpStage"]
 
@@ -66,7 +69,7 @@ class Node:
         self._num_failed = 0
         self._started_at = 0.0
         self._finished_at = 0.0
-        self._runtime: Runtime | None = None
+        self._runtime: Supervisor | None = None
 
     @property
     def concurrency(self) -> int:
@@ -79,11 +82,11 @@ class Node:
         return bool(self._finished_at)
 
     # -- lifecycle -----------------------------------------------------------------------
-    def launch(self, runtime: Runtime) -> None:
+    def launch(self, runtime: Supervisor) -> None:
         """Register this node's workers with the runtime (which starts them)."""
         raise NotImplementedError
 
-    def bind(self, runtime: Runtime) -> None:
+    def bind(self, runtime: Supervisor) -> None:
         self._runtime = runtime
         self._started_at = time.perf_counter()
 
@@ -205,6 +208,7 @@ class Node:
             failed = self._num_failed
         inbox = self.inbox
         gets = inbox.n_gets if inbox is not None else 0
+        depth = inbox.depth_sum / gets if inbox is not None and gets else 0.0
         return StageStats(
             name=self.name,
             concurrency=self.concurrency,
@@ -212,7 +216,7 @@ class Node:
             num_out=sum(c.num_out for c in counters),
             num_failed=failed,
             op_time=sum(c.op_time for c in counters),
-            queue_depth=(inbox.depth_sum / gets) if gets else 0.0,
+            queue_depth=depth,
             queue_capacity=inbox.capacity if inbox is not None else 0,
             elapsed=(self._finished_at or time.perf_counter()) - self._started_at
             if self._started_at
@@ -231,10 +235,12 @@ class OpStage(Node):
     and :meth:`set_concurrency` moves the number of workers allowed to take items between
     1 and ``max_workers`` while it runs (the subclasses park the excess ones).
     ``tracer``, when set before launch, records when each item's op started and ended.
-    An autotuned stage is the autotuner's :class:`~._autotune.TunableStage`: its op is
+    An autotuned stage is the autotuner's :class:`~._protocols.TunableStage`: its op is
     metered (wall and CPU time per item) from launch, and ``tune_key`` names it in what
     the tuner remembers between builds.
     """
+
+    inbox: Channel[Any]  # a stage always has an input, unlike a source
 
     def __init__(
         self,
@@ -273,7 +279,7 @@ class OpStage(Node):
         self._next_emit = 0
         self._pending: dict[int, Any] = {}
         self.window = 2 * most  # most items taken and not yet emitted, in input order
-        self.tracer: Tracer | None = None
+        self.tracer: StageTracer | None = None
 
     @property
     def concurrency(self) -> int:
@@ -292,7 +298,7 @@ class OpStage(Node):
     def floor(self) -> int:
         return self.min_workers
 
-    def bind(self, runtime: Runtime) -> None:
+    def bind(self, runtime: Supervisor) -> None:
         super().bind(runtime)
         # Meter an autotuned op on our own workers (an executor's op may have to pickle).
         if self.auto and self.meter is None and getattr(self, "executor", None) is None:
@@ -313,7 +319,9 @@ class OpStage(Node):
                 counters = list(self._counters)
             items = sum(c.num_in for c in counters)
             busy, cpu = sum(c.op_time for c in counters), None
-        return StageReading(items, busy, cpu, _queue(self.inbox), _queue(self.outbox))
+        return StageReading(
+            items, busy, cpu, QueueReading.of(self.inbox), QueueReading.of(self.outbox)
+        )
 
     def set_concurrency(self, n: int) -> int:
         """Allow ``n`` workers (clamped to min_workers..max_workers); returns the value
@@ -378,9 +386,3 @@ class OpStage(Node):
     def _hook_failed(self, exc: Exception) -> None:
         exc.add_note(f"torch_spdl: raised by a stage_hook() of stage {self.name!r}")
         self.fail(exc)
-
-
-def _queue(channel: Channel[Any] | None) -> QueueReading:
-    if channel is None:
-        return QueueReading(0, 0, 0, 0)
-    return QueueReading(channel.n_gets, channel.depth_sum, channel.capacity, len(channel))

@@ -114,7 +114,12 @@ class Pipeline(Generic[T]):
         return self.get_iterator()
 
     def get_iterator(self, *, timeout: float | None = None) -> Iterator[T]:
-        """Iterate the results; raise ``TimeoutError`` if none arrives within ``timeout`` s."""
+        """Iterate the results.
+
+        Args:
+            timeout: the most seconds to wait for each item (``TimeoutError``; default:
+                wait as long as it takes).
+        """
         return self._iterate(timeout)
 
     def _iterate(self, timeout: float | None) -> Iterator[T]:
@@ -227,11 +232,21 @@ class Pipeline(Generic[T]):
         return self._runtime.trace()
 
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
-        """Write the trace as Chrome trace JSON (load it in ui.perfetto.dev)."""
+        """Write the trace as Chrome trace JSON (load it in ui.perfetto.dev).
+
+        Args:
+            path: the file to write.
+        """
         self.trace().export_chrome_trace(path)
 
     def plot_trace(self, path: str | os.PathLike[str], *, bin_seconds: float | None = None) -> None:
-        """Write a PNG of per-stage throughput and queue occupancy over time (matplotlib)."""
+        """Write a PNG of per-stage throughput and queue occupancy over time (matplotlib).
+
+        Args:
+            path: the file to write.
+            bin_seconds: the width of a throughput bin (default: a hundredth of the run,
+                at least 10 ms).
+        """
         self.trace().plot(path, bin_seconds=bin_seconds)
 
     def _stop_as_source(self) -> None:

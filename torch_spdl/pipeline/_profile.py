@@ -19,17 +19,17 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
-from ._builder import (
+from ._builder import PipelineBuilder
+from ._config import (
     AggregateConfig,
     DisaggregateConfig,
     PipeConfig,
-    PipelineBuilder,
     PipelineConfig,
     StageConfig,
 )
 from ._pipeline import Pipeline
+from ._placement import PlacementConfig
 from ._queues import QueuePerfStats, StatsQueue
-from ._region import PlacementConfig
 
 __all__ = ["profile_pipeline", "ProfileHook", "ProfileReport", "ProfileResult", "StageProfile"]
 

@@ -33,187 +33,36 @@ How one region runs (:class:`RegionStage`, one node of the outer pipeline):
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import pickle
 import sys
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from ._channel import EMPTY, EOF, Channel, ChannelAborted
+from ._config import BuildOptions
 from ._errors import PipelineFailure, describe_item
 from ._node import Node
+from ._placement import ProcessPoolExecutorConfig
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from ._protocols import Supervisor
 
-__all__ = [
-    "CHUNK",
-    "MAIN_PROCESS",
-    "ExecutorConfig",
-    "InterpreterPoolExecutorConfig",
-    "PlacementConfig",
-    "ProcessPoolExecutorConfig",
-    "RegionConfig",
-    "RegionStage",
-    "fuse_regions",
-]
+__all__ = ["CHUNK", "RegionBuild", "RegionStage"]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
 CHUNK = 64  # most items in one message, either way
 _ITEMS, _END, _ERROR = 0, 1, 2
 
-
-@dataclass(frozen=True)
-class ExecutorConfig:
-    """SPDL's base description of a pool of workers (a ``to()`` target).
-
-    Args:
-        max_workers: how many workers (default: the CPUs this process may use).
-        initializer: run once in each worker before it builds its pipeline.
-        initargs: the initializer's arguments.
-    """
-
-    max_workers: int | None = None
-    initializer: Callable[..., object] | None = None
-    initargs: tuple[Any, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.max_workers is not None and (
-            isinstance(self.max_workers, bool)
-            or not isinstance(self.max_workers, int)
-            or self.max_workers < 1
-        ):
-            raise ValueError(f"max_workers must be a positive int, got {self.max_workers!r}")
-
-    def workers(self) -> int:
-        if self.max_workers is not None:
-            return self.max_workers
-        try:
-            return len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            return os.cpu_count() or 1
-
-
-@dataclass(frozen=True)
-class ProcessPoolExecutorConfig(ExecutorConfig):
-    """Run a region of stages in worker processes: ``to(ProcessPoolExecutorConfig(...))``.
-
-    Args:
-        max_workers: how many worker processes (default: the CPUs this process may use).
-        initializer: run once in each worker before it builds its pipeline.
-        initargs: the initializer's arguments.
-        mp_context: the start method; default ``fork`` where there is one (the region's
-            ops need not pickle), else ``spawn`` (they must).
-    """
-
-    mp_context: str | None = None
-
-    def context(self) -> Any:
-        method = self.mp_context
-        if method is None:
-            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        return mp.get_context(method)
-
-
-@dataclass(frozen=True)
-class InterpreterPoolExecutorConfig(ExecutorConfig):
-    """SPDL's subinterpreter target: not available (it needs Python 3.14)."""
-
-    def __post_init__(self) -> None:
-        raise RuntimeError(
-            "InterpreterPoolExecutorConfig needs subinterpreters (Python 3.14), which "
-            "torch_spdl does not use; use ProcessPoolExecutorConfig"
-        )
-
-
-class _MainProcess:
-    """The ``to()`` target that ends a region (use :data:`MAIN_PROCESS`)."""
-
-    _instance: _MainProcess | None = None
-
-    def __new__(cls) -> _MainProcess:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "MAIN_PROCESS"
-
-    def __reduce__(self) -> str:
-        return "MAIN_PROCESS"
-
-
-MAIN_PROCESS = _MainProcess()
-
-
-@dataclass(frozen=True)
-class PlacementConfig:
-    """A ``to(target)`` marker among the stages: the stages after it run on ``target``."""
-
-    target: ProcessPoolExecutorConfig | _MainProcess
-    name: str = "placement"
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.target, (ProcessPoolExecutorConfig, _MainProcess)):
-            raise TypeError(
-                f"to() takes a ProcessPoolExecutorConfig or MAIN_PROCESS, got {self.target!r}"
-            )
-
-    def label(self) -> str:
-        return f"to({self.target!r})"
-
-
-@dataclass(frozen=True)
-class RegionConfig:
-    """The stages of one region, fused at build time into one :class:`RegionStage`."""
-
-    stages: tuple[Any, ...]
-    executor: ProcessPoolExecutorConfig
-
-    def label(self) -> str:
-        inner = ", ".join(s.label() for s in self.stages)
-        return f"processes[{self.executor.workers()}]({inner})"
-
-
-def fuse_regions(stages: Sequence[Any]) -> list[Any]:
-    """Replace each ``to(pool)`` ... ``to(MAIN_PROCESS)`` run by one :class:`RegionConfig`
-    (a region left open runs to the end); drop the markers."""
-    out: list[Any] = []
-    region: list[Any] | None = None
-    target: ProcessPoolExecutorConfig | None = None
-
-    def close() -> None:
-        if region is not None:
-            if not region:
-                raise ValueError(f"to({target!r}) is followed by no stage before the next to()")
-            assert target is not None
-            out.append(RegionConfig(tuple(region), target))
-
-    for stage in stages:
-        if isinstance(stage, PlacementConfig):
-            close()
-            if isinstance(stage.target, _MainProcess):
-                region, target = None, None
-            else:
-                region, target = [], stage.target
-            continue
-        if region is None:
-            out.append(stage)
-            continue
-        if getattr(stage, "executor", None) is not None:
-            raise ValueError(
-                f"stage {stage.label()!r} is in a to() region, which runs in worker "
-                "processes: it takes no executor"
-            )
-        region.append(stage)
-    close()
-    return out
+# How a worker builds the region's stages into a pipeline of its own: ``build(source,
+# stages, options)`` with the build options of the outer pipeline. The build module passes
+# its own function (a module-level one, so that it pickles for a spawned worker); taking it
+# as an argument keeps the imports one way (build -> region, never back).
+RegionBuild = Callable[[Iterable[Any], list[Any], BuildOptions], Any]
 
 
 # -- the worker process ------------------------------------------------------------------
@@ -249,9 +98,10 @@ def _portable_error(exc: BaseException) -> BaseException:
 
 
 def _worker_main(
+    build: RegionBuild,
     index: int,
     stages: list[Any],
-    options: dict[str, Any],
+    options: BuildOptions,
     config: ProcessPoolExecutorConfig,
     inbox: Connection,
     outbox: Connection,
@@ -260,11 +110,9 @@ def _worker_main(
     code = 0
     more: Any = None
     try:
-        from ._builder import PipelineConfig, build_pipeline  # (the builder imports us)
-
         if config.initializer is not None:
             config.initializer(*config.initargs)
-        pipeline = build_pipeline(PipelineConfig(_PipeSource(inbox), stages, 0), **options)
+        pipeline = build(_PipeSource(inbox), stages, options)
         sink = pipeline._sink
         pipeline.start()
         try:
@@ -323,11 +171,13 @@ class RegionStage(Node):
         name: str,
         stages: list[Any],
         config: ProcessPoolExecutorConfig,
-        options: dict[str, Any],
+        options: BuildOptions,
         inbox: Channel[Any],
         outbox: Channel[Any],
+        build: RegionBuild,
     ) -> None:
         self.num = config.workers()
+        self.build = build
         super().__init__(name, inbox, outbox, workers=2 * self.num)
         self.stages = stages
         self.config = config
@@ -340,14 +190,22 @@ class RegionStage(Node):
     def concurrency(self) -> int:
         return self.num
 
-    def launch(self, runtime: Runtime) -> None:
+    def launch(self, runtime: Supervisor) -> None:
         ctx = self.config.context()
         for i in range(self.num):
             to_worker_r, to_worker_w = ctx.Pipe(duplex=False)
             results_r, results_w = ctx.Pipe(duplex=False)
             process = ctx.Process(
                 target=_worker_main,
-                args=(i, self.stages, self.options, self.config, to_worker_r, results_w),
+                args=(
+                    self.build,
+                    i,
+                    self.stages,
+                    self.options,
+                    self.config,
+                    to_worker_r,
+                    results_w,
+                ),
                 name=f"torch_spdl-region-{i}",
                 daemon=True,
             )

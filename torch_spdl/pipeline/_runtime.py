@@ -24,8 +24,10 @@ from ._background import BackgroundTaskFactory, run_background
 from ._channel import Channel
 from ._errors import PipelineFailure
 from ._node import Node, OpStage
+from ._protocols import Stage
 from ._stats import StatsReporter
-from ._trace import PipelineTrace, Tracer
+from ._trace import PipelineTrace
+from ._tracer import Tracer
 
 __all__ = ["Runtime", "STOPPED"]
 
@@ -177,7 +179,7 @@ class Runtime:
         """``"new"``, ``"running"`` or ``"stopped"``."""
         return self._state
 
-    def fail(self, error: Exception, *, node: Node | None = None, num_failures: int = 0) -> None:
+    def fail(self, error: Exception, *, node: Stage | None = None, num_failures: int = 0) -> None:
         """Record a stage's (or the engine's) error and stop what feeds it.
 
         With ``node``, only the channels upstream of it are aborted: the source and the
@@ -194,7 +196,11 @@ class Runtime:
             self._failure = None  # rebuilt with this error on the next read
             if self._state == "stopped":
                 return
-        upstream = self.channels if node is None else self.channels[: self.nodes.index(node)]
+        if node is None:
+            upstream = self.channels
+        else:  # the channels before the node: its inbox and everything feeding it
+            position = next(i for i, n in enumerate(self.nodes) if n is node)
+            upstream = self.channels[:position]
         for channel in upstream:
             channel.abort(self.failure)
 

@@ -9,7 +9,7 @@ from ._channel import Channel, ChannelAborted
 from ._node import Node
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from ._protocols import Supervisor
 
 __all__ = ["SourceNode"]
 
@@ -26,7 +26,7 @@ class SourceNode(Node):
     def is_async(self) -> bool:
         return not isinstance(self.source, Iterable) and isinstance(self.source, AsyncIterable)
 
-    def launch(self, runtime: Runtime) -> None:
+    def launch(self, runtime: Supervisor) -> None:
         if self.is_async:
             runtime.spawn_task(self._run_async)
         else:

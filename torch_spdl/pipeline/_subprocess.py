@@ -6,37 +6,27 @@ pipe and on the child's exit sentinel together, so a child that dies, even by
 ``os._exit``, is reported at once instead of leaving the parent waiting for an item that
 never comes.
 
-``run_pipeline_in_subprocess`` keeps one child for every iteration of its result (SPDL's
-behaviour: the source lives there, so its state carries over); the parent grants the child
-one credit per item it takes, and tags each run, so an iteration abandoned midway leaves
-nothing behind for the next.
+``run_pipeline_in_subprocess``, which keeps one child running a pipeline for every
+iteration of its result, is built on the same messages in ``_subprocess_pipeline.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import multiprocessing as mp
 import pickle
 import traceback
-import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
-from ._builder import PipeConfig, PipelineBuilder, PipelineConfig, build_pipeline
-from ._priority import PriorityExecutorEntrypoint
-
-__all__ = ["iterate_in_subprocess", "run_pipeline_in_subprocess", "SubprocessError"]
+__all__ = ["ITEM", "END", "ERROR", "SubprocessError", "iterate_in_subprocess"]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
 T = TypeVar("T")
 
-_ITEM, _END, _ERROR = 0, 1, 2
+ITEM, END, ERROR = 0, 1, 2  # the tag of each message from a child
 
 
 class SubprocessError(RuntimeError):
@@ -61,19 +51,19 @@ def _child_main(
                     return
                 # Plain pickle (by value): multiprocessing's pickler would send a torch tensor
                 # as a handle to this process's memory, unreadable once this process exited.
-                conn.send_bytes(pickle.dumps((_ITEM, item), pickle.HIGHEST_PROTOCOL))
+                conn.send_bytes(pickle.dumps((ITEM, item), pickle.HIGHEST_PROTOCOL))
         finally:
             close = getattr(items, "close", None)
             if close is not None:  # a generator's cleanup (a pipeline's stop) runs now
                 close()
-        conn.send((_END, None))
+        conn.send((END, None))
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         if stop.is_set():
             return
         try:
-            conn.send((_ERROR, exc))
+            conn.send((ERROR, exc))
         except Exception:  # unpicklable exception: send its text instead
-            conn.send((_ERROR, SubprocessError("".join(traceback.format_exception(exc)))))
+            conn.send((ERROR, SubprocessError("".join(traceback.format_exception(exc)))))
     finally:
         conn.close()
 
@@ -89,12 +79,18 @@ def iterate_in_subprocess(
 ) -> Iterator[T]:
     """Call ``fn()`` in a child process, iterate its result there, yield the items here.
 
-    ``fn`` (and ``initializer``, run first in the child) must be picklable: a module-level
-    function or a ``functools.partial`` of one. At most ``buffer_size`` items are in flight.
-    ``timeout`` bounds the wait for each item (``TimeoutError``). An error in the child is
-    re-raised here; a child that dies raises :class:`SubprocessError`. Closing the iterator
-    early stops and joins the child. ``daemon=False`` lets the child start processes of
-    its own (a daemonic process may not); it is joined all the same.
+    An error in the child is re-raised here; a child that dies raises
+    :class:`SubprocessError`. Closing the iterator early stops and joins the child.
+
+    Args:
+        fn: makes the iterable, in the child; it must be picklable (a module-level function
+            or a ``functools.partial`` of one).
+        buffer_size: the most items in flight between the child and here.
+        initializer: run first in the child (picklable too).
+        mp_context: how to start the child (``spawn`` by default).
+        timeout: the most seconds to wait for each item (``TimeoutError``).
+        daemon: ``False`` lets the child start processes of its own (a daemonic process
+            may not); it is joined all the same.
     """
     ctx = mp.get_context(mp_context)
     for what, obj in (("fn", fn), ("initializer", initializer)):
@@ -146,10 +142,10 @@ def _stream(
                     f"the subprocess (pid {proc.pid}) running {fn!r} closed its pipe and "
                     f"exited with code {proc.exitcode}"
                 ) from None
-            if tag == _ITEM:
+            if tag == ITEM:
                 slots.release()
                 yield payload
-            elif tag == _END:
+            elif tag == END:
                 return
             else:
                 payload.add_note(f"torch_spdl: raised in the subprocess (pid {proc.pid})")
@@ -165,391 +161,3 @@ def _stream(
         if proc.is_alive():
             proc.kill()
             proc.join()
-
-
-class _PoolSpec:
-    """A picklable stand-in for a user's thread or process pool: an executor cannot cross
-    a process boundary, so the child makes an equal one (same kind, same size)."""
-
-    def __init__(self, executor: Executor) -> None:
-        if isinstance(executor, ProcessPoolExecutor):
-            self.kind = "process"
-        elif isinstance(executor, ThreadPoolExecutor):
-            self.kind = "thread"
-        else:
-            raise TypeError(
-                f"run_pipeline_in_subprocess: executor {executor!r} cannot be sent to the "
-                "subprocess; use a ThreadPoolExecutor or ProcessPoolExecutor (recreated there)"
-            )
-        self.max_workers: int | None = getattr(executor, "_max_workers", None)
-
-    def create(self) -> Executor:
-        if self.kind == "thread":
-            return ThreadPoolExecutor(self.max_workers, thread_name_prefix="torch_spdl-pool")
-        # the child runs threads: its worker processes must not be forked from it
-        return ProcessPoolExecutor(self.max_workers, mp_context=mp.get_context("spawn"))
-
-
-def _portable(config: Any) -> PipelineConfig:
-    """``config`` (either kind of ``PipelineConfig``) with its executors made picklable."""
-    to_builder_config = getattr(config, "_to_builder_config", None)
-    if to_builder_config is not None:
-        config = to_builder_config()
-    # a _PoolSpec stands in for the executor only in transit; _child_pools swaps it back
-    stages = [
-        dataclasses.replace(s, executor=_PoolSpec(s.executor))  # type: ignore[arg-type]
-        if isinstance(s, PipeConfig)
-        and s.executor is not None
-        and not isinstance(s.executor, PriorityExecutorEntrypoint)  # pickles itself
-        else s
-        for s in config.stages
-    ]
-    return dataclasses.replace(config, stages=stages)
-
-
-def _pool_kind(executor: object) -> str | None:
-    """``"thread"`` or ``"process"`` for a stage's executor once made portable, else None."""
-    if isinstance(executor, _PoolSpec):
-        return executor.kind
-    if isinstance(executor, PriorityExecutorEntrypoint):
-        return executor.owner.kind
-    return None
-
-
-def _child_pools(config: PipelineConfig) -> tuple[PipelineConfig, list[Executor]]:
-    """The config with each ``_PoolSpec`` made into a live pool (in the child)."""
-    pools: list[Executor] = []
-    stages = []
-    for s in config.stages:
-        if isinstance(s, PipeConfig) and isinstance(s.executor, _PoolSpec):
-            pools.append(s.executor.create())
-            s = dataclasses.replace(s, executor=pools[-1])
-        stages.append(s)
-    return dataclasses.replace(config, stages=stages), pools
-
-
-class _EpochChild:
-    """The child of ``run_pipeline_in_subprocess``: one process for every iteration.
-
-    It waits for commands on ``cmd``: ``("run", epoch)`` builds a fresh pipeline from the
-    config (its pools made once and reused; a continuous one is built once and yields one
-    epoch per run) and streams its items back tagged with ``epoch``, as many as the parent
-    has granted credits for (one ``("credit",)`` per item it took); ``("abandon", epoch)``
-    ends that run early (the parent stopped iterating); ``("stop",)`` or a closed pipe ends
-    the child. The source object lives here across runs, so a source with its own epoch
-    counter or shuffle state keeps advancing, as it would in one process.
-    """
-
-    def __init__(self, config: PipelineConfig, build_kwargs: dict[str, Any]) -> None:
-        self.config = config
-        self.build_kwargs = build_kwargs
-
-    def __call__(
-        self, cmd: Connection, out: Connection, initializer: Callable[[], None] | None
-    ) -> None:
-        pools: list[Executor] = []
-        continuous: Any = None
-        try:
-            if initializer is not None:
-                initializer()
-            config, pools = _child_pools(self.config)
-            credits = 0
-            while True:
-                try:
-                    msg = cmd.recv()
-                except EOFError:
-                    return  # the parent is gone
-                if msg[0] == "stop":
-                    return
-                if msg[0] != "run":
-                    continue  # a credit or an abandon of a run already over
-                epoch = msg[1]
-                credits = msg[2]
-                if config.continuous:
-                    if continuous is None:
-                        continuous = build_pipeline(config, **self.build_kwargs)
-                        continuous.start()
-                    stream = continuous.get_iterator()
-                    pipeline = None
-                else:
-                    pipeline = build_pipeline(config, **self.build_kwargs)
-                    pipeline.start()
-                    stream = pipeline.get_iterator()
-                try:
-                    credits = self._run(stream, cmd, out, epoch, credits)
-                    if pipeline is not None:
-                        pipeline.stop()  # raises the failure, if any
-                    elif continuous._runtime.failure is not None:  # noqa: SLF001
-                        continuous.stop()
-                    out.send_bytes(pickle.dumps((_END, epoch, None), pickle.HIGHEST_PROTOCOL))
-                except _Quit:
-                    return
-                except _Abandoned:
-                    if pipeline is not None:
-                        with contextlib.suppress(Exception):
-                            pipeline.stop()
-                    out.send_bytes(pickle.dumps((_END, epoch, None), pickle.HIGHEST_PROTOCOL))
-                except Exception as exc:
-                    if pipeline is not None:
-                        with contextlib.suppress(Exception):
-                            pipeline.stop()
-                    _send_error(out, epoch, exc)
-                    if continuous is not None:
-                        return  # a failed continuous pipeline cannot go on
-        finally:
-            if continuous is not None:
-                with contextlib.suppress(Exception):
-                    continuous.stop()
-            for pool in pools:
-                pool.shutdown(wait=True, cancel_futures=True)
-            out.close()
-
-    @staticmethod
-    def _run(
-        stream: Iterator[Any], cmd: Connection, out: Connection, epoch: int, credits: int
-    ) -> int:
-        def handle(msg: tuple[Any, ...]) -> int:
-            if msg[0] == "credit":
-                return 1
-            if msg[0] == "stop":
-                raise _Quit
-            if msg[0] == "abandon" and msg[1] == epoch:
-                raise _Abandoned
-            return 0
-
-        for item in stream:
-            while cmd.poll():
-                credits += handle(cmd.recv())
-            while credits <= 0:
-                try:
-                    credits += handle(cmd.recv())
-                except EOFError:
-                    raise _Quit from None
-            # plain pickle (by value), as in iterate_in_subprocess
-            out.send_bytes(pickle.dumps((_ITEM, epoch, item), pickle.HIGHEST_PROTOCOL))
-            credits -= 1
-        return credits
-
-
-class _Quit(Exception):
-    pass
-
-
-class _Abandoned(Exception):
-    pass
-
-
-def _send_error(out: Connection, epoch: int, exc: BaseException) -> None:
-    try:
-        out.send_bytes(pickle.dumps((_ERROR, epoch, exc), pickle.HIGHEST_PROTOCOL))
-    except Exception:  # unpicklable exception: send its text instead
-        text = SubprocessError("".join(traceback.format_exception(exc)))
-        out.send_bytes(pickle.dumps((_ERROR, epoch, text), pickle.HIGHEST_PROTOCOL))
-
-
-def _epoch_child_main(
-    child: _EpochChild,
-    cmd: Connection,
-    out: Connection,
-    initializer: Callable[[], None] | None,
-) -> None:
-    try:
-        child(cmd, out, initializer)
-    except BaseException as exc:  # initializer or pool creation failed: report it
-        with contextlib.suppress(Exception):
-            _send_error(out, -1, exc)
-
-
-class _ChildHandle:
-    """The parent's side of one ``_EpochChild`` process (stopped by ``close``)."""
-
-    def __init__(self, ctx: Any, child: _EpochChild, initializer: Any, daemon: bool) -> None:
-        self.cmd, cmd_child = ctx.Pipe(duplex=False)[::-1]
-        out_reader, out_writer = ctx.Pipe(duplex=False)
-        self.out = out_reader
-        self.proc = ctx.Process(
-            target=_epoch_child_main,
-            args=(child, cmd_child, out_writer, initializer),
-            daemon=daemon,
-            name="torch_spdl-pipeline-subprocess",
-        )
-        self.proc.start()
-        cmd_child.close()
-        out_writer.close()
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.cmd.send(("stop",))
-        self.cmd.close()
-        self.proc.join(timeout=30)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(timeout=10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
-        self.out.close()
-
-
-class _InSubprocess(Iterable[T]):
-    """What ``run_pipeline_in_subprocess`` returns: every iteration runs a fresh pipeline
-    in the same child process (started at the first iteration, stopped when this object
-    is dropped or :meth:`close` is called), so the source's state carries over."""
-
-    def __init__(self, child: _EpochChild, kwargs: dict[str, Any]) -> None:
-        self._child = child
-        self._ctx = mp.get_context(kwargs["mp_context"])
-        self._buffer_size = max(kwargs["buffer_size"], 1)
-        self._initializer = kwargs["initializer"]
-        self._timeout = kwargs["timeout"]
-        self._daemon = kwargs["daemon"]
-        self._handle: _ChildHandle | None = None
-        self._finalizer: Any = None
-        self._epoch = 0
-        self._busy = False
-        self._stopping = False  # _stop_as_source: a dead child ends the iteration quietly
-
-    def _stop_as_source(self) -> None:
-        """Called when a pipeline this feeds stops: end the child now, so that an
-        iteration waiting for its next item returns at once (quietly)."""
-        handle = self._handle
-        if handle is None or not self._busy:
-            return  # no iteration waits: the child (and the source's state) stays
-        self._stopping = True
-        with contextlib.suppress(Exception):
-            handle.cmd.send(("stop",))
-        handle.proc.join(timeout=2)
-        if handle.proc.is_alive():
-            handle.proc.terminate()
-
-    def close(self) -> None:
-        """Stop and join the child process (the next iteration starts a new one)."""
-        if self._finalizer is not None:
-            self._finalizer()
-        self._handle = self._finalizer = None
-
-    def __iter__(self) -> Iterator[T]:
-        if self._busy:
-            raise RuntimeError(
-                "run_pipeline_in_subprocess: the previous iteration is still open; finish "
-                "or close it before iterating again (they share one child process)"
-            )
-        if self._handle is None or not self._handle.proc.is_alive():
-            self.close()
-            self._stopping = False
-            self._handle = _ChildHandle(self._ctx, self._child, self._initializer, self._daemon)
-            self._finalizer = weakref.finalize(self, self._handle.close)
-        self._epoch += 1
-        return self._iterate(self._handle, self._epoch)
-
-    def _iterate(self, handle: _ChildHandle, epoch: int) -> Iterator[T]:
-        self._busy = True
-        handle.cmd.send(("run", epoch, self._buffer_size))
-        proc = handle.proc
-        try:
-            while True:
-                ready = wait([handle.out, proc.sentinel], self._timeout)
-                if not ready:
-                    raise TimeoutError(
-                        f"no item arrived from the subprocess within {self._timeout} s"
-                    )
-                if handle.out not in ready:
-                    proc.join()
-                    if self._stopping:
-                        return
-                    raise SubprocessError(
-                        f"the pipeline's subprocess (pid {proc.pid}) exited unexpectedly "
-                        f"with code {proc.exitcode}"
-                    )
-                try:
-                    tag, got_epoch, payload = pickle.loads(handle.out.recv_bytes())
-                except EOFError:
-                    proc.join()
-                    if self._stopping:
-                        return
-                    raise SubprocessError(
-                        f"the pipeline's subprocess (pid {proc.pid}) closed its pipe and "
-                        f"exited with code {proc.exitcode}"
-                    ) from None
-                if got_epoch not in (epoch, -1):
-                    continue  # what an abandoned iteration still had in flight
-                if tag == _ITEM:
-                    with contextlib.suppress(OSError):  # a dead child is reported next wait
-                        handle.cmd.send(("credit",))
-                    yield payload
-                elif tag == _END:
-                    return
-                else:
-                    payload.add_note(f"torch_spdl: raised in the subprocess (pid {proc.pid})")
-                    raise payload
-        except GeneratorExit:  # the consumer stopped early: the child drops this run
-            with contextlib.suppress(Exception):
-                handle.cmd.send(("abandon", epoch))
-            raise
-        except BaseException:
-            # a failed run: stop the child now (the error may be kept, and with it this
-            # frame); the next iteration starts a new one
-            self.close()
-            raise
-        finally:
-            self._busy = False
-
-
-def run_pipeline_in_subprocess(
-    config: Any,
-    *,
-    buffer_size: int = 3,
-    initializer: Callable[[], None] | None = None,
-    mp_context: str | None = "spawn",
-    timeout: float | None = None,
-    **build_kwargs: Any,
-) -> Iterable[Any]:
-    """Build the pipeline ``config`` declares in a child process, run it there, and
-    yield its items here.
-
-    Thread and process pools given to ``pipe(executor=...)`` are recreated in the child
-    (same kind and size). The result can be iterated again: the child process starts at
-    the first iteration and stays; each iteration runs a fresh pipeline there (a
-    continuous one yields its next epoch), so the source's state carries over (a sampler
-    counting its epochs keeps counting). The child stops when the result is dropped or
-    its ``close()`` is called.
-
-    Args:
-        config: a ``PipelineConfig`` (``torch_spdl.pipeline.defs.PipelineConfig``, or
-            ``PipelineBuilder.get_config()``). Passing a ``PipelineBuilder`` still works
-            and is deprecated.
-        buffer_size: items in flight between the child and here.
-        initializer: run first in the child.
-        mp_context: how to start the child (``spawn`` by default).
-        timeout: the most seconds to wait for each item (``TimeoutError``).
-        build_kwargs: passed to ``build_pipeline`` in the child (``num_threads``,
-            ``max_failures``...).
-    """
-    if isinstance(config, PipelineBuilder):
-        warnings.warn(
-            "run_pipeline_in_subprocess(builder) is deprecated: pass builder.get_config()",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        config = config.get_config()
-    child = _EpochChild(_portable(config), build_kwargs)
-    has_process_pool = any(
-        isinstance(s, PipeConfig) and _pool_kind(s.executor) == "process"
-        for s in child.config.stages
-    )
-    kwargs = dict(
-        buffer_size=buffer_size,
-        initializer=initializer,
-        mp_context=mp_context,
-        timeout=timeout,
-        daemon=not has_process_pool,  # a daemonic child may not start the pool's processes
-    )
-    for what, obj in (("the pipeline", child), ("initializer", initializer)):
-        try:
-            pickle.dumps(obj)
-        except Exception as exc:
-            raise TypeError(
-                f"run_pipeline_in_subprocess: {what} cannot be pickled to send to the child "
-                f"process ({exc}); use module-level functions and picklable sources"
-            ) from exc
-    return _InSubprocess(child, kwargs)

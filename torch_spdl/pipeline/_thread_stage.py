@@ -34,7 +34,7 @@ from ._node import OpStage
 from ._ops import OpKind, call_each, call_to_list
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from ._protocols import Supervisor
 
 __all__ = ["CHUNK_S", "MAX_CHUNK", "ThreadStage"]
 
@@ -59,7 +59,7 @@ class ThreadStage(OpStage):
 
     one_task_per_item = False  # with hooks: a generator op's call is one task, not each step
 
-    def launch(self, runtime: Runtime) -> None:
+    def launch(self, runtime: Supervisor) -> None:
         self.enter_stage_hooks()
         first = self._limit
         self._spawned = first
@@ -324,20 +324,22 @@ class ThreadStage(OpStage):
             # A generator cannot cross a process boundary: run it to the end in the executor.
             task = partial(call_to_list, op)
 
-            def run(item: Any) -> Any:
+            def submit_gen(item: Any) -> Any:
                 return executor.submit(task, item).result()
 
+            run: Callable[[Any], Any] = submit_gen
             if self.hooks:  # the whole call is one task
-                run, close = hooked_sync(run, self.hooks, generator=False)
+                run, close = hooked_sync(submit_gen, self.hooks, generator=False)
             return (
                 lambda item, outs: outs.extend(o for o in run(item) or () if o is not None)
             ), close
 
-        def call(item: Any) -> Any:
+        def submit(item: Any) -> Any:
             return executor.submit(op, item).result()
 
+        call: Callable[[Any], Any] = submit
         if self.hooks:
-            call, close = hooked_sync(call, self.hooks, generator=False)
+            call, close = hooked_sync(submit, self.hooks, generator=False)
         return (lambda item, outs: _append(outs, call(item))), close
 
     def _emit(self, seq: int | None, outs: list[Any], counters: Any) -> None:

@@ -1,41 +1,31 @@
-"""Tracing a run: when each item's op started and ended, and queue depths over time.
+"""What a traced run recorded: when each item's op started and ended, queue depths over time.
 
-Tracing is decided when a pipeline is built (``build(trace=True)``). A traced stage runs its
-op through a thin wrapper that appends two ``perf_counter_ns`` stamps to a buffer owned by
-that worker alone (no lock), and a sampler thread records every queue's depth and every
-stage's concurrency every few milliseconds. A pipeline built without tracing runs exactly
-the code it ran before tracing existed: the choice is made once per worker, not per item.
-The autotuner reports each of its decisions here too (:class:`TraceDecision`), so a trace
-shows what it chose and why: a counter track per autotuned stage and an instant event
-with the reason.
+Tracing is decided when a pipeline is built (``build(trace=True)``); ``_tracer.py``
+records, and this module holds the record, :class:`PipelineTrace`, and its two ways out:
+Chrome trace JSON (:func:`export_chrome_trace`) and a PNG (:func:`plot_trace`: per-stage
+throughput, queue occupancy and autotuned concurrency over time; matplotlib is imported
+inside it only, and draws on a bare ``Figure`` with the Agg renderer, so it needs no
+display and leaves pyplot's backend alone). The autotuner reports each of its decisions
+here too (:class:`TraceDecision`), so a trace shows what it chose and why: a counter track
+per autotuned stage and an instant event with the reason.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import threading
-import time
-from array import array
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-from ._channel import Channel
-
-if TYPE_CHECKING:
-    from ._node import Node, OpStage
+from typing import Any, NamedTuple
 
 __all__ = [
     "PipelineTrace",
     "TraceDecision",
     "TraceSample",
     "TraceSpan",
-    "Tracer",
+    "as_trace",
     "export_chrome_trace",
+    "plot_trace",
 ]
-
-SAMPLE_INTERVAL = 0.01  # seconds between two queue-depth samples
 
 
 class TraceSpan(NamedTuple):
@@ -183,14 +173,16 @@ class PipelineTrace:
 
     def plot(self, path: str | os.PathLike[str], *, bin_seconds: float | None = None) -> None:
         """Draw per-stage throughput and queue occupancy over time to a PNG at ``path``."""
-        from ._plot import plot_trace
-
         plot_trace(self, path, bin_seconds=bin_seconds)
 
 
 def export_chrome_trace(trace: Any, path: str | os.PathLike[str]) -> None:
-    """Write the trace of ``trace`` (a :class:`PipelineTrace` or a traced ``Pipeline``) to
-    ``path`` as Chrome trace JSON, which Perfetto and chrome://tracing load."""
+    """Write a trace as Chrome trace JSON, which Perfetto and chrome://tracing load.
+
+    Args:
+        trace: a :class:`PipelineTrace` or a traced ``Pipeline``.
+        path: the file to write.
+    """
     as_trace(trace).export_chrome_trace(path)
 
 
@@ -204,154 +196,79 @@ def as_trace(obj: Any) -> PipelineTrace:
     return getter()
 
 
-class _Buffer:
-    """The stamps of one worker of one stage: ``start, end`` pairs in nanoseconds."""
-
-    __slots__ = ("stage", "worker", "stamps")
-
-    def __init__(self, stage: str, worker: int) -> None:
-        self.stage = stage
-        self.worker = worker
-        self.stamps = array("q")
+def _bins(end: float, bin_seconds: float | None) -> float:
+    if bin_seconds is not None:
+        if bin_seconds <= 0:
+            raise ValueError(f"bin_seconds must be positive, got {bin_seconds!r}")
+        return bin_seconds
+    return max(end / 100, 0.01)  # about 100 bins over the run
 
 
-class Tracer:
-    """Records the spans of the given stages and samples the given queues."""
+def plot_trace(
+    trace: PipelineTrace | Any, path: str | os.PathLike[str], *, bin_seconds: float | None = None
+) -> None:
+    """Write a PNG of per-stage throughput and queue occupancy over time to ``path``.
 
-    def __init__(self, stages: Sequence[OpStage], channels: Sequence[Channel[Any]]) -> None:
-        self._stages = list(stages)
-        self._channels = list(channels)
-        self._buffers: list[_Buffer] = []
-        self._samples: list[tuple[int, tuple[int, ...], tuple[int, ...]]] = []
-        self._decisions: list[tuple[int, str | None, int | None, str]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._origin = time.perf_counter_ns()
-        self.thread = threading.Thread(target=self._run, name="torch_spdl-trace", daemon=True)
-        for stage in self._stages:
-            stage.tracer = self
+    Args:
+        trace: a :class:`PipelineTrace` or a traced ``Pipeline``.
+        path: the file to write.
+        bin_seconds: the width of a throughput bin (default: a hundredth of the run, at
+            least 10 ms).
+    """
+    try:  # a bare Figure renders with Agg and leaves pyplot's backend alone
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # matplotlib is optional for the library
+        raise ImportError("plot_trace needs matplotlib: pip install matplotlib") from exc
 
-    # -- recording (worker side) -----------------------------------------------------------
-    def _buffer(self, stage: Node, worker: int) -> _Buffer:
-        buf = _Buffer(stage.name, worker)
-        with self._lock:
-            self._buffers.append(buf)
-        return buf
+    data = as_trace(trace)
+    end = max(
+        [s.end for s in data.spans] + [s.time for s in data.samples] + [1e-3],
+    )
+    width = _bins(end, bin_seconds)
+    nbins = int(end / width) + 1
+    tuned = [
+        i for i in range(len(data.stages)) if len({s.concurrency[i] for s in data.samples}) > 1
+    ]
+    rows = 3 if tuned else 2
+    fig = Figure(figsize=(10, 2.8 * rows), layout="constrained")
+    axes = fig.subplots(rows, 1, sharex=True, squeeze=False)[:, 0]
 
-    def wrap(
-        self, stage: Node, worker: int, op: Callable[[Any], Any], *, generator: bool
-    ) -> Callable[[Any], Any]:
-        """``op`` recording one span per call (a generator: until it is exhausted). A plain
-        op may take any arguments (the general thread path's ``compute(item, outs)``)."""
-        append = self._buffer(stage, worker).stamps.append
-        clock = time.perf_counter_ns
-
-        if generator:
-
-            def traced_gen(item: Any) -> Any:
-                t0 = clock()
-                try:
-                    yield from op(item)
-                finally:
-                    append(t0)
-                    append(clock())
-
-            return traced_gen
-
-        def traced(*args: Any) -> Any:
-            t0 = clock()
-            try:
-                return op(*args)
-            finally:
-                append(t0)
-                append(clock())
-
-        return traced
-
-    def wrap_async(
-        self, stage: Node, worker: int, op: Callable[[Any], Any], *, generator: bool
-    ) -> Callable[[Any], Any]:
-        """An async op (or async generator) recording one span per call."""
-        append = self._buffer(stage, worker).stamps.append
-        clock = time.perf_counter_ns
-
-        if generator:
-
-            async def traced_agen(item: Any) -> Any:
-                t0 = clock()
-                try:
-                    async for out in op(item):
-                        yield out
-                finally:
-                    append(t0)
-                    append(clock())
-
-            return traced_agen
-
-        async def traced(item: Any) -> Any:
-            t0 = clock()
-            try:
-                return await op(item)
-            finally:
-                append(t0)
-                append(clock())
-
-        return traced
-
-    def record_decision(self, stage: str | None, concurrency: int | None, reason: str) -> None:
-        """An autotuner decision, stamped now (called from the autotuner's thread)."""
-        self._decisions.append((time.perf_counter_ns(), stage, concurrency, reason))
-
-    # -- sampling (its own thread) ---------------------------------------------------------
-    def reset_origin(self) -> None:
-        self._origin = time.perf_counter_ns()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _sample(self) -> None:
-        depths = tuple(len(c) for c in self._channels)
-        conc = tuple(s.concurrency for s in self._stages)
-        self._samples.append((time.perf_counter_ns(), depths, conc))
-
-    def _run(self) -> None:
-        self._sample()
-        while not self._stop.wait(SAMPLE_INTERVAL):
-            self._sample()
-            if all(s.finished for s in self._stages) and not any(len(c) for c in self._channels):
-                return
-        self._sample()
-
-    # -- reading ---------------------------------------------------------------------------
-    def snapshot(self) -> PipelineTrace:
-        """Everything recorded so far (callable while the pipeline runs)."""
-        origin = self._origin
-        with self._lock:
-            buffers = list(self._buffers)
-        spans: list[TraceSpan] = []
-        for buf in buffers:
-            stamps = buf.stamps[:]  # one atomic copy: the worker may be appending
-            for i in range(0, len(stamps) - 1, 2):
-                spans.append(
-                    TraceSpan(
-                        buf.stage,
-                        buf.worker,
-                        (stamps[i] - origin) / 1e9,
-                        (stamps[i + 1] - origin) / 1e9,
-                    )
-                )
-        spans.sort(key=lambda s: s.start)
-        samples = [
-            TraceSample((t - origin) / 1e9, depths, conc) for t, depths, conc in list(self._samples)
-        ]
-        decisions = [
-            TraceDecision((t - origin) / 1e9, stage, conc, why)
-            for t, stage, conc, why in list(self._decisions)
-        ]
-        return PipelineTrace(
-            stages=[s.name for s in self._stages],
-            queues=[(c.name, c.capacity) for c in self._channels],
-            spans=spans,
-            samples=samples,
-            decisions=decisions,
+    counts = {stage: [0] * nbins for stage in data.stages}
+    for span in data.spans:
+        counts[span.stage][min(int(span.end / width), nbins - 1)] += 1
+    ax = axes[0]
+    for stage in data.stages:
+        ax.plot(
+            [(i + 0.5) * width for i in range(nbins)],
+            [c / width for c in counts[stage]],
+            label=stage,
         )
+    ax.set_ylabel("items/s out")
+    ax.set_title("throughput per stage")
+    ax.legend(fontsize="small", loc="upper right")
+
+    ax = axes[1]
+    times = [s.time for s in data.samples]
+    for q, (name, capacity) in enumerate(data.queues):
+        depths = [s.queue_depths[q] for s in data.samples]
+        if capacity:
+            ax.plot(times, [d / capacity for d in depths], label=name)
+        else:
+            peak = max(depths, default=0) or 1
+            ax.plot(times, [d / peak for d in depths], label=f"{name} (unbounded, / max)")
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel("depth / capacity")
+    ax.set_title("queue occupancy (full input + empty output = bottleneck)")
+    ax.legend(fontsize="small", loc="upper right")
+
+    if tuned:
+        ax = axes[2]
+        for i in tuned:
+            ax.step(
+                times, [s.concurrency[i] for s in data.samples], where="post", label=data.stages[i]
+            )
+        ax.set_ylabel("workers")
+        ax.set_title("concurrency of autotuned stages")
+        ax.legend(fontsize="small", loc="upper left")
+    axes[-1].set_xlabel("seconds since start")
+    fig.savefig(os.fspath(path), dpi=100)

@@ -19,17 +19,17 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _region
-from ._aggregate import Aggregator, Collate
-from ._builder import (
+from . import _placement
+from ._aggregator import Aggregator, Collate
+from ._builder import PipelineBuilder
+from ._config import (
     AggregateConfig,
     DisaggregateConfig,
     PathVariantsConfig,
     PipeConfig,
-    PipelineBuilder,
     aggregate_config,
 )
-from ._builder import PipelineConfig as _BuilderConfig
+from ._config import PipelineConfig as _BuilderConfig
 from ._failures import MaxFailures
 from ._nested import MergedSource
 
@@ -142,7 +142,11 @@ def PathVariants(  # noqa: N802
 
 
 StageDef = (
-    PipeConfig | AggregateConfig | DisaggregateConfig | PathVariantsConfig | _region.PlacementConfig
+    PipeConfig
+    | AggregateConfig
+    | DisaggregateConfig
+    | PathVariantsConfig
+    | _placement.PlacementConfig
 )
 
 
@@ -173,7 +177,7 @@ class PipelineConfig:
                     AggregateConfig,
                     DisaggregateConfig,
                     PathVariantsConfig,
-                    _region.PlacementConfig,
+                    _placement.PlacementConfig,
                 ),
             ):
                 raise TypeError(
@@ -243,8 +247,8 @@ def Disaggregate() -> DisaggregateConfig:  # noqa: N802
     return DisaggregateConfig()
 
 
-ProcessPoolExecutorConfig = _region.ProcessPoolExecutorConfig
-InterpreterPoolExecutorConfig = _region.InterpreterPoolExecutorConfig
-ExecutorConfig = _region.ExecutorConfig
-PlacementConfig = _region.PlacementConfig
-MAIN_PROCESS = _region.MAIN_PROCESS
+ProcessPoolExecutorConfig = _placement.ProcessPoolExecutorConfig
+InterpreterPoolExecutorConfig = _placement.InterpreterPoolExecutorConfig
+ExecutorConfig = _placement.ExecutorConfig
+PlacementConfig = _placement.PlacementConfig
+MAIN_PROCESS = _placement.MAIN_PROCESS

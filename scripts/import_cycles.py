@@ -1,0 +1,120 @@
+"""Print the import cycles among torch_spdl's modules (exit status 1 if there is one).
+
+Every ``import`` and ``from ... import`` in a module counts, wherever it stands: at the
+top, inside a function, or under ``if TYPE_CHECKING:``, since a cycle through any of them
+still ties the modules together for a reader. A cycle is a strongly connected component
+of the module graph with more than one module.
+
+Usage: python scripts/import_cycles.py [package_dir]   (default: torch_spdl/)
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def resolve(current: str, is_package: bool, level: int, target: str | None) -> str:
+    """The absolute name of a relative import ``from {'.' * level}{target} import ...``."""
+    if level == 0:
+        return target or ""
+    base = current.split(".")
+    if not is_package:
+        base = base[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
+
+
+def build_graph(root: Path) -> dict[str, set[str]]:
+    files = {module_name(root, p): p for p in sorted(root.rglob("*.py"))}
+    graph: dict[str, set[str]] = {name: set() for name in files}
+    for name, path in files.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = resolve(name, is_package, node.level, node.module)
+                # ``from . import x`` may name a submodule; else the module itself
+                targets = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in files]
+                targets = targets or [base]
+            for target in targets:
+                while target and target not in files:  # a name inside a module
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph[name].add(target)
+    return graph
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative; components of more than one module, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0] if argv else Path(__file__).resolve().parent.parent / "torch_spdl")
+    graph = build_graph(root.resolve())
+    cycles = strongly_connected(graph)
+    print(f"{len(graph)} modules, {sum(len(v) for v in graph.values())} imports")
+    for component in cycles:
+        print(f"cycle of {len(component)}: {', '.join(component)}")
+        for name in component:
+            inside = sorted(t for t in graph[name] if t in component)
+            print(f"    {name} -> {', '.join(inside)}")
+    print(f"{len(cycles)} cycle(s)")
+    return 1 if cycles else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

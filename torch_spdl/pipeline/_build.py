@@ -1,0 +1,310 @@
+"""The build: turn a declaration into nodes and channels, and hand them to a runtime.
+
+``build(config, options)`` is the one place where a :class:`~._config.PipelineConfig` meets
+the engine: it fuses ``to()`` regions, sizes the channel in front of each stage
+(:func:`queue_capacity`), makes one node per stage (threads for a sync op, coroutines for
+an async one, the regrouping and nested stages), shares the build-level failure budget
+among the stages without one of their own, and wraps it all in a :class:`Pipeline`.
+``build_pipeline`` is its public face, with ``build``'s keywords. Each call makes a fresh
+pipeline; nothing here keeps state between builds except what the autotuner remembers
+(``_autotune_memory``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from . import _autotune_memory
+from ._aggregate import AggregateStage, DisaggregateStage
+from ._async_stage import AsyncStage
+from ._autotune import DEFAULT_START, AutotuneConfig
+from ._background import BackgroundTaskFactory
+from ._channel import Channel
+from ._config import (
+    AggregateConfig,
+    BuildOptions,
+    DisaggregateConfig,
+    PathVariantsConfig,
+    PipeConfig,
+    PipelineConfig,
+    StageConfig,
+)
+from ._failures import FailureBudget, MaxFailures
+from ._hooks import StageInfo, TaskHook, check_hooks
+from ._nested import MergedSource, PathVariantsStage
+from ._node import Node, OpStage
+from ._ops import classify_op
+from ._pipeline import Pipeline
+from ._placement import PlacementConfig, RegionConfig, fuse_regions
+from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
+from ._region import RegionStage
+from ._runtime import Runtime
+from ._source import SourceNode
+from ._thread_stage import ThreadStage
+
+__all__ = ["build", "build_pipeline", "queue_capacity"]
+
+
+def queue_capacity(workers: int, batched: bool) -> int:
+    """Capacity of the channel that feeds a stage of ``workers`` workers.
+
+    Each worker should find its next item waiting, and between threads that share the GIL
+    every hand-off that empties or fills a queue costs a thread switch (tens of us here), so
+    queues of single samples get room for 64: a producer then runs a while before it must
+    switch. Queues of batches (after ``aggregate``) hold far larger items and get just
+    enough for every worker to have one ready. Either way the bound is a constant, so memory
+    stays bounded whatever the source.
+    """
+    return max(2 * workers, 4) if batched else max(2 * workers, 64)
+
+
+def build_pipeline(
+    config: PipelineConfig | Any,
+    *,
+    num_threads: int | None = None,
+    max_failures: MaxFailures = -1,
+    report_stats_interval: float = -1,
+    queue_size: int | None = None,
+    cpu_budget: float | None = None,
+    memory_limit: int | None = None,
+    trace: bool = False,
+    autotune: AutotuneConfig | None = None,
+    task_hook_factory: Callable[[StageInfo], list[TaskHook]] | None = None,
+    stage_id: int = 0,
+    background_tasks: Sequence[BackgroundTaskFactory] = (),
+    queue_class: type[AsyncQueue] | None = None,
+    use_thread_output_queue: Any = None,
+    options: BuildOptions | None = None,
+) -> Pipeline[Any]:
+    """Instantiate the nodes and channels of ``config`` into a :class:`Pipeline`.
+
+    The keywords are those of :meth:`PipelineBuilder.build` (see there for each), with
+    ``autotune`` besides; or pass them all at once as ``options``.
+
+    Args:
+        config: the declaration: ``PipelineBuilder.get_config()``, or SPDL's
+            :class:`torch_spdl.pipeline.defs.PipelineConfig`.
+        num_threads: the most worker threads of each sync stage.
+        max_failures: failed items the pipeline may drop before it fails: an ``int``
+            count (-1: no limit) or a ``fractions.Fraction`` rate.
+        report_stats_interval: log the stage table every that many seconds (> 0).
+        queue_size: the capacity of the queues between stages.
+        cpu_budget: the fraction of the cores autotuned stages may use (default 0.4).
+        memory_limit: the resident bytes autotuned stages may grow to (default: none).
+        trace: record every item's time in every stage (read with ``Pipeline.trace()``).
+        autotune: the autotuner's whole configuration (``cpu_budget`` and
+            ``memory_limit`` are its two usual knobs; this replaces both).
+        task_hook_factory: makes each stage's :class:`TaskHook` list from its
+            :class:`StageInfo`.
+        stage_id: passed to ``task_hook_factory``.
+        background_tasks: factories of tasks run on the event loop from start to stop.
+        queue_class: an :class:`AsyncQueue` subclass that observes every queue.
+        use_thread_output_queue: accepted for SPDL code (no effect here).
+        options: all of the above as one :class:`BuildOptions` (then pass no other).
+    """
+    given = BuildOptions(
+        num_threads=num_threads,
+        max_failures=max_failures,
+        report_stats_interval=report_stats_interval,
+        queue_size=queue_size,
+        cpu_budget=cpu_budget,
+        memory_limit=memory_limit,
+        trace=trace,
+        autotune=autotune,
+        task_hook_factory=task_hook_factory,
+        stage_id=stage_id,
+        background_tasks=background_tasks,
+        queue_class=queue_class,
+        use_thread_output_queue=use_thread_output_queue,
+    )
+    if options is None:
+        options = given
+    elif given != BuildOptions():
+        raise TypeError("build_pipeline takes options=BuildOptions(...) or keywords, not both")
+    return build(config, options)
+
+
+def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
+    """Instantiate ``config`` with ``options``: what every entry point that builds calls."""
+    to_builder_config = getattr(config, "_to_builder_config", None)  # defs.PipelineConfig
+    if to_builder_config is not None:
+        config = to_builder_config()
+    if config.continuous:  # one fresh run per epoch, behind one Pipeline
+        one_epoch = dataclasses.replace(config, continuous=False)
+        first = build(one_epoch, options)
+        first._continue_with(lambda: build(one_epoch, options))
+        return first
+
+    def make_inner(inner: Any) -> Pipeline[Any]:  # a pipeline inside this one
+        return build(inner, options.for_nested())
+
+    if any(isinstance(s, PlacementConfig) for s in config.stages):
+        config = dataclasses.replace(config, stages=fuse_regions(config.stages))
+    if isinstance(config.source, MergedSource):
+        config = dataclasses.replace(config, source=config.source.with_builder(make_inner))
+    options.check()
+    # The build-level limit is one budget shared by the stages without a limit of their
+    # own; it reads their item counts only when an item fails.
+    shared: list[Node] = []
+    shared_budget = FailureBudget(
+        options.max_failures, lambda: sum(n.invocations() for n in shared)
+    )
+    workers = [_workers(s, options.num_threads) for s in config.stages]
+    queues: list[AsyncQueue] = []
+
+    def new_channel(capacity: int, name: str) -> Channel[Any]:
+        if options.queue_class is None:
+            return Channel(capacity, name=name)
+        queues.append(
+            make_queue(options.queue_class, name, capacity, options.report_stats_interval)
+        )
+        return ObservedChannel(capacity, name, queues[-1])
+
+    channels: list[Channel[Any]] = []
+    depth = 0  # how many aggregates deep: > 0 means the items are batches
+    for i, spec in enumerate(config.stages):
+        own = spec.queue_size if isinstance(spec, PipeConfig) else None
+        # an autotuned stage's queue is sized for a few workers, not its maximum: a queue of
+        # batches sized for 64 workers would hold 128 batches
+        sized = min(workers[i], 4) if isinstance(spec, PipeConfig) and spec.auto else workers[i]
+        capacity = own or options.queue_size or queue_capacity(sized, batched=depth > 0)
+        channels.append(new_channel(capacity, f"{i + 1}:{spec.label()} input"))
+        if isinstance(spec, AggregateConfig):
+            depth += 1
+        elif isinstance(spec, DisaggregateConfig):
+            depth = max(depth - 1, 0)
+    channels.append(new_channel(config.buffer_size, "sink"))
+    background_tasks = list(options.background_tasks)
+    if queues:
+        background_tasks.append(queue_hooks_task(queues))
+
+    nodes: list[Node] = [SourceNode(config.source, channels[0])]
+    for i, spec in enumerate(config.stages):
+        name = f"{i + 1}:{spec.label()}"
+        inbox, outbox = channels[i], channels[i + 1]
+        hooks: list[TaskHook] = []
+        if options.task_hook_factory is not None:
+            infos = options.task_hook_factory(StageInfo(name, i + 1, options.stage_id))
+            hooks = check_hooks(infos, name)
+        node: Node
+        if isinstance(spec, RegionConfig):
+            node = RegionStage(
+                name,
+                list(spec.stages),
+                spec.executor,
+                options.for_region(),
+                inbox,
+                outbox,
+                _build_region,
+            )
+        elif isinstance(spec, PathVariantsConfig):
+            makers = [
+                lambda src, p=path: make_inner(PipelineConfig(src, list(p), 2))
+                for path in spec.paths
+            ]
+            node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=shared_budget)
+            shared.append(node)
+        elif isinstance(spec, AggregateConfig):
+            aggregator = spec.make_aggregator()
+            node = AggregateStage(name, aggregator, spec.drop_last, inbox, outbox, hooks)
+        elif isinstance(spec, DisaggregateConfig):
+            node = DisaggregateStage(name, inbox, outbox, hooks)
+        elif isinstance(spec, PipeConfig):
+            node = _op_stage(name, spec, workers[i], inbox, outbox, hooks, shared_budget)
+            if spec.max_failures is None:
+                shared.append(node)
+        else:  # fuse_regions turned every placement into a RegionConfig
+            raise AssertionError(f"unexpected stage declaration {spec!r}")
+        nodes.append(node)
+    runtime = Runtime(
+        nodes,
+        channels,
+        report_stats_interval=options.report_stats_interval,
+        autotune=options.autotune_config(),
+        trace=options.trace,
+        background_tasks=background_tasks,
+    )
+    return Pipeline(runtime, channels[-1], description=_describe(config))
+
+
+def _build_region(source: Iterable[Any], stages: list[Any], options: BuildOptions) -> Any:
+    """A region's stages as a pipeline of their own (run in each of its worker processes)."""
+    return build(PipelineConfig(source, stages, 0), options)
+
+
+def _op_stage(
+    name: str,
+    spec: PipeConfig,
+    workers: int,
+    inbox: Channel[Any],
+    outbox: Channel[Any],
+    hooks: list[TaskHook],
+    shared_budget: FailureBudget,
+) -> OpStage:
+    """The node of a ``pipe`` stage: threads for a sync op, coroutines for an async one."""
+    op, kind = classify_op(spec.op)
+    own_limit = spec.max_failures is not None
+    floor = min(spec.min_concurrency or 1, workers)
+    start = spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or DEFAULT_START
+    ordered = spec.output_order == "input"
+    initial = max(floor, min(start, workers)) if spec.auto else workers
+    max_failures = spec.max_failures if spec.max_failures is not None else -1
+    budget = None if own_limit else shared_budget
+    max_workers = workers if spec.auto else None
+    tune_key = spec.tune_key if spec.auto else None
+    if kind.is_async:
+        return AsyncStage(
+            name,
+            op,
+            kind,
+            inbox,
+            outbox,
+            workers=initial,
+            ordered=ordered,
+            max_failures=max_failures,
+            max_workers=max_workers,
+            budget=budget,
+            hooks=hooks,
+            tune_key=tune_key,
+            min_workers=floor,
+        )
+    return ThreadStage(
+        name,
+        op,
+        kind,
+        inbox,
+        outbox,
+        workers=initial,
+        ordered=ordered,
+        max_failures=max_failures,
+        max_workers=max_workers,
+        budget=budget,
+        hooks=hooks,
+        tune_key=tune_key,
+        min_workers=floor,
+        executor=spec.executor,
+    )
+
+
+def _workers(spec: StageConfig, num_threads: int | None) -> int:
+    """A stage's worker count, or for an autotuned stage the most it may grow to."""
+    if not isinstance(spec, PipeConfig):
+        return 1
+    bound = spec.concurrency_bound()
+    if spec.executor is None and not spec.kind.is_async and num_threads is not None:
+        return min(bound, num_threads)
+    return bound
+
+
+def _describe(config: PipelineConfig) -> str:
+    parts = ["source"]
+    for spec in config.stages:
+        if isinstance(spec, PipeConfig):
+            conc = f"auto<={spec.concurrency_bound()}" if spec.auto else spec.concurrency
+            parts.append(f"{spec.label()}[{conc}]")
+        else:
+            parts.append(spec.label())
+    parts.append(f"sink({config.buffer_size})")
+    return " -> ".join(parts)

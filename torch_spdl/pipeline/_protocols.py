@@ -1,0 +1,187 @@
+"""The contracts between the engine's layers, in one leaf module that imports none of them.
+
+Imports in ``torch_spdl.pipeline`` run one way: channel -> node -> stages -> runtime ->
+build. Where a lower layer must call up (a stage asks its supervisor to start a thread or
+to fail the pipeline; a stage's op is wrapped by the tracer) or an upper layer must read a
+lower one through a narrow surface (the autotuner reads a stage), the surface is written
+here, as a :class:`~typing.Protocol`, and both sides import it from here:
+
+- :class:`Stage`: what every node obeys, and all the runtime calls on it;
+- :class:`Supervisor`: what a stage may ask of the runtime that runs it;
+- :class:`StageTracer`: what a stage asks of the tracer that records its op;
+- :class:`TunableStage`: what an autotuned stage exposes to the autotuner, with the
+  readings (:class:`StageReading`, :class:`QueueReading`) it reports;
+- :class:`InnerPipeline`: what a stage that runs pipelines of its own (``Merge``,
+  ``path_variants``) does with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Hashable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # data types only: neither module imports anything of the engine
+    from ._channel import Channel
+    from ._stats import StageStats
+
+__all__ = [
+    "InnerPipeline",
+    "QueueReading",
+    "Stage",
+    "StageReading",
+    "StageTracer",
+    "Supervisor",
+    "TracedStage",
+    "TunableStage",
+]
+
+
+class Supervisor(Protocol):
+    """What a stage may ask of the runtime that runs it (passed to ``launch``)."""
+
+    def spawn_thread(self, target: Callable[[], None], name: str) -> None:
+        """Register a worker thread, started with the pipeline and joined at its end."""
+
+    def spawn_task(self, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Register a coroutine, run on the pipeline's event loop."""
+
+    def start_thread(self, target: Callable[[], None], name: str) -> bool:
+        """Start one more owned thread while running; False once the pipeline stops."""
+
+    def fail(self, error: Exception, *, node: Stage | None = None, num_failures: int = 0) -> None:
+        """Fail the pipeline with ``error``, stopping what is upstream of ``node``."""
+
+
+class Stage(Protocol):
+    """The contract every node of a pipeline obeys; the runtime uses nothing else.
+
+    A stage reads ``inbox`` (None for a source) and writes ``outbox``. The runtime calls
+    ``bind`` then ``launch`` once when the pipeline starts (``launch`` registers the
+    stage's workers with the supervisor), ``on_stop`` once when it stops, and ``stats``
+    whenever asked. The last worker of a stage to leave closes ``outbox``, with the
+    stage's failure or the upstream's end-of-stream error, so the end of the stream
+    travels down in order.
+    """
+
+    name: str
+
+    @property
+    def finished(self) -> bool:
+        """True once every worker has left."""
+        ...
+
+    def bind(self, runtime: Supervisor) -> None: ...
+
+    def launch(self, runtime: Supervisor) -> None: ...
+
+    def on_stop(self) -> None: ...
+
+    def stats(self) -> StageStats: ...
+
+
+class StageTracer(Protocol):
+    """What a traced stage asks of the tracer: its op, wrapped to record one span per call
+    (``stage`` is the stage itself, ``worker`` the worker's index)."""
+
+    def wrap(
+        self, stage: Stage, worker: int, op: Callable[..., Any], *, generator: bool
+    ) -> Callable[..., Any]: ...
+
+    def wrap_async(
+        self, stage: Stage, worker: int, op: Callable[[Any], Any], *, generator: bool
+    ) -> Callable[[Any], Any]: ...
+
+
+class TracedStage(Protocol):
+    """A stage the tracer can record: it wraps its op with ``tracer`` once set."""
+
+    name: str
+    tracer: StageTracer | None
+
+    @property
+    def concurrency(self) -> int: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class QueueReading:
+    """A queue's counters so far: items taken by its reader, the sum of the depths each
+    taker saw, its capacity (0: unbounded) and its depth now."""
+
+    gets: int
+    depth_sum: int
+    capacity: int
+    depth: int
+
+    def occupancy(self, before: QueueReading) -> float:
+        """How full the queue was between ``before`` and this reading (0 to 1)."""
+        cap = self.capacity
+        if not cap:
+            return 0.0
+        gets = self.gets - before.gets
+        if gets > 0:
+            return min(((self.depth_sum - before.depth_sum) / gets) / max(cap - 1, 1), 1.0)
+        return min(self.depth / cap, 1.0)
+
+    @classmethod
+    def of(cls, channel: Channel[Any] | None) -> QueueReading:
+        """The reading of ``channel`` now (all zero for no channel)."""
+        if channel is None:
+            return cls(0, 0, 0, 0)
+        return cls(channel.n_gets, channel.depth_sum, channel.capacity, len(channel))
+
+
+@dataclass(frozen=True)
+class StageReading:
+    """A stage's cumulative counters: items finished and the wall and CPU seconds spent on
+    them in its op (``cpu`` None: not measured), and its input and output queues."""
+
+    items: int
+    busy: float
+    cpu: float | None
+    inbox: QueueReading
+    outbox: QueueReading
+
+
+class TunableStage(Protocol):
+    """What the autotuner needs of a stage, and all it uses."""
+
+    name: str
+    tune_key: Hashable | None  # where what was learnt is kept (None: not kept)
+
+    @property
+    def concurrency(self) -> int: ...
+
+    @property
+    def tunable(self) -> bool: ...
+
+    @property
+    def bound(self) -> int: ...
+
+    @property
+    def floor(self) -> int: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    def set_concurrency(self, n: int) -> int: ...
+
+    def reading(self) -> StageReading: ...
+
+
+class InnerPipeline(Protocol):
+    """A pipeline run inside a stage (``Merge`` inputs, ``path_variants`` paths), as that
+    stage drives it; a :class:`~._pipeline.Pipeline` is one."""
+
+    def start(self) -> None: ...
+
+    def get_iterator(self) -> Iterator[Any]: ...
+
+    def stop(self) -> None:
+        """Stop and join it; raise its failure, if any."""
+
+    def _stop_as_source(self) -> None:
+        """Stop it because what it feeds is stopping (no failure raised)."""
