@@ -635,3 +635,41 @@ def test_process_pool_worker_death_raises_pipeline_failure(output_order):
     assert "in_process" in info.value.stage
     assert isinstance(info.value.__cause__, BrokenExecutor)
     assert 5 not in got
+
+
+_EXIT_SCRIPT = """
+import atexit, threading
+
+def report():  # registered first, so it runs after the finalizers run at exit
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("torch_spdl")]
+    print("alive at exit:", alive, flush=True)
+
+atexit.register(report)
+
+import itertools
+import torch
+from torch_spdl.pipeline import PipelineBuilder
+
+def work(i):
+    return torch.ones(256, 256).matmul(torch.ones(256, 256)).sum().item() + i
+
+pipeline = PipelineBuilder().add_source(itertools.count()).pipe(work, concurrency=2)
+pipeline = pipeline.add_sink(4).build(num_threads=2)
+it = iter(pipeline)
+next(it)
+print("leaving with the pipeline running", flush=True)
+"""
+
+
+def test_a_pipeline_running_at_interpreter_exit_is_stopped_first():
+    """A script that ends while its pipeline runs exits cleanly: the pipeline's finalizer
+    stops and joins its threads before the interpreter finalizes (a daemon thread inside a
+    torch op during finalization could abort the process)."""
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT], capture_output=True, text=True, timeout=WAIT * 4
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "leaving with the pipeline running" in proc.stdout
+    assert "alive at exit: []" in proc.stdout, proc.stdout

@@ -4,6 +4,7 @@ DDP sharding (gloo, CPU), mid-epoch resume through ``ckpt_path``, seeding and wa
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -190,10 +191,25 @@ def test_ddp_spawn_plain_loader_gets_distributed_sampler(tmp_path):
     _check_ddp(read_ranks(str(tmp_path), "plain", 2), "DistributedSampler")
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def test_ddp_staged_datamodule_uses_distributed_random_sampler(tmp_path):
     """strategy="ddp" re-launches the running script per rank, so it runs as a script."""
     script = os.path.join(TESTS_DIR, "_lightning_helpers.py")
-    env = {**os.environ, "PYTHONPATH": os.path.dirname(TESTS_DIR)}
+    # A port of its own (two suites on one machine must not meet at one rendezvous), and
+    # Python's fault handler on, so that a crash of a rank shows where every thread was
+    # (this test once ended with SIGABRT and nothing on stderr, on a machine running two
+    # suites at once).
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.path.dirname(TESTS_DIR),
+        "MASTER_PORT": str(free_port()),
+        "PYTHONFAULTHANDLER": "1",
+    }
     proc = subprocess.run(
         [sys.executable, script, "staged", str(tmp_path)],
         env=env,
