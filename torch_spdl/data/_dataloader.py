@@ -84,8 +84,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
             (default 1), or ``"auto"``. An ``"auto"`` knob is tuned while running (I/O
             stages up to 64 workers, CPU and collate stages up to the cores), within a CPU
             budget of 40% of the machine (docs/autotune.md).
-        buffer_size: batches kept ready (default ``prefetch_factor * num_workers``, at
-            least 2).
+        buffer_size: batches kept ready (default: ``prefetch_factor * num_workers`` less
+            one for the batch the training loop holds, and less the batches the loading
+            threads, worker arenas and settle queue already hold; at least 1).
         device: move each batch there on a dedicated transfer stage (with ``pin_memory``).
         max_failures: samples that may fail and be skipped (counted in
             :attr:`num_failures`); beyond it, or with the default 0, the error is raised

@@ -319,13 +319,13 @@ class EpochParts:
 
     def _buffer_size(self) -> int:
         """The sink's batches: torch's ``prefetch_factor * num_workers`` batches in flight,
-        less those the whole-batch paths already hold (a batch per loading thread or worker
-        arena, and the settle queue), so that as many large batches exist at once as under
-        torch."""
+        less the training loop's own batch and those the whole-batch paths already hold
+        (a batch per loading thread or worker arena, and the settle queue), so that no more
+        large batches exist at once than under torch."""
         plan = self._plan
         if plan.buffer_size:
             return plan.buffer_size
-        return max(plan.prefetch_factor * plan.num_workers - self._held, 2)
+        return max(plan.prefetch_factor * plan.num_workers - self._held - 1, 1)
 
     def _stage_specs(self, threads: int | None) -> list[StageSpec]:
         workers = threads or self._plan.threads
