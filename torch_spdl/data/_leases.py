@@ -117,8 +117,3 @@ class Leases:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
-
-    @property
-    def busy(self) -> int:
-        with self._cond:
-            return len(self._batch_of)

@@ -117,10 +117,11 @@ class ProcessWorkers:
         self._ids = itertools.count()
         self._discarded: dict[int, int] = {}  # task -> arena, of batches no one waits for
         # Neither holds `self`: the finalizers of batches the training loop keeps hold them.
-        count = in_flight * num_workers + _HELD_BATCHES
-        self._arenas = [Arena() for _ in range(count)] if shared else None
-        cool = functools.partial(_cool, self._arenas or [])
+        arenas: list[Arena] = []
+        cool = functools.partial(_cool, arenas)
         self._leases = Leases(in_flight * num_workers, _HELD_BATCHES, _WARM_ARENAS, cool)
+        arenas.extend(Arena() for _ in range(self._leases.count if shared else 0))
+        self._arenas = arenas if shared else None
         self._closed = False
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
         config = (

@@ -254,38 +254,19 @@ def _op_stage(
     budget = None if own_limit else shared_budget
     max_workers = workers if spec.auto else None
     tune_key = spec.tune_key if spec.auto else None
+    common: dict[str, Any] = {
+        "workers": initial,
+        "ordered": ordered,
+        "max_failures": max_failures,
+        "max_workers": max_workers,
+        "budget": budget,
+        "hooks": hooks,
+        "tune_key": tune_key,
+        "min_workers": floor,
+    }
     if kind.is_async:
-        return AsyncStage(
-            name,
-            op,
-            kind,
-            inbox,
-            outbox,
-            workers=initial,
-            ordered=ordered,
-            max_failures=max_failures,
-            max_workers=max_workers,
-            budget=budget,
-            hooks=hooks,
-            tune_key=tune_key,
-            min_workers=floor,
-        )
-    return ThreadStage(
-        name,
-        op,
-        kind,
-        inbox,
-        outbox,
-        workers=initial,
-        ordered=ordered,
-        max_failures=max_failures,
-        max_workers=max_workers,
-        budget=budget,
-        hooks=hooks,
-        tune_key=tune_key,
-        min_workers=floor,
-        executor=spec.executor,
-    )
+        return AsyncStage(name, op, kind, inbox, outbox, **common)
+    return ThreadStage(name, op, kind, inbox, outbox, **common, executor=spec.executor)
 
 
 def _workers(spec: StageConfig, num_threads: int | None) -> int:
