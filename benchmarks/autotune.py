@@ -3,8 +3,9 @@
 Run: ``python benchmarks/autotune.py [--quick] [--only PART]``. Prints figures, asserts
 nothing. Parts:
 
-1. ``workloads``: for each workload, a sweep of fixed concurrencies over a 3,000-item run
-   finds the best one (within the workload's CPU budget); then that best and
+1. ``workloads``: for each workload, a sweep of fixed concurrencies (over as many items as
+   the runs it picks for; the median of 3 runs per level at 3,000 items) finds the best one
+   (within the workload's CPU budget); then that best and
    ``concurrency="auto"`` (a fresh builder each run: nothing learnt) run alternately,
    ``--repeats`` times each, at 3,000 and 30,000 items, and the medians are compared.
    Rates are whole runs, start-up included (from the first ``next()`` to the last item).
@@ -219,12 +220,26 @@ def part_workloads(repeats: int, quick: bool) -> None:
             # The sweep runs as many items as the runs it picks for: a short run's start-up
             # dilutes its CPU figure, so a level within the budget over 3,000 items may be
             # over it over 30,000.
+            # A 3,000-item run lasts a tenth of a second: one run's CPU figure can be a
+            # quarter off, so the short sweep takes the median of three runs per level,
+            # interleaved (the long one, of one).
+            rounds = 3 if n <= 3000 else 1
+            runs: dict[tuple[int, ...], list[Run]] = {c: [] for c in w.levels}
+            for _ in range(rounds):
+                for conc in w.levels:
+                    runs[conc].append(run_once(w, n, conc))
             sweep = []
             for conc in w.levels:
-                r = run_once(w, n, conc)
+                rs = runs[conc]
+                r = Run(
+                    statistics.median(x.rate for x in rs),
+                    statistics.median(x.cpu for x in rs),
+                    statistics.median(x.ramp for x in rs),
+                )
                 sweep.append((conc, r))
                 print(
-                    f"  sweep {n:>6,} {_label(conc):<14} {r.rate:>9,.0f}/s  CPU {r.cpu:>4.0%}",
+                    f"  sweep {n:>6,} {_label(conc):<14} {r.rate:>9,.0f}/s  CPU {r.cpu:>4.0%}"
+                    + (f"  (median of {rounds})" if rounds > 1 else ""),
                     flush=True,
                 )
             fits = [(c, r) for c, r in sweep if r.cpu <= w.budget_value * 1.05] or sweep

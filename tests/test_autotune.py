@@ -521,6 +521,43 @@ def test_model_jumps_a_waiting_stage_to_its_bound_at_once() -> None:
     assert not any(d.startswith("try") for d in ctl.decisions)
 
 
+def test_a_waiting_stage_over_the_budget_at_its_bound_is_scaled_back_to_it() -> None:
+    # 64 workers waiting 5 ms deliver 12,800/s; at 100 us of CPU per item (2% of its wall
+    # time: it waits) that is 1.3 cores, over the budget of 0.4 x 2 cores. The first step
+    # cannot know it (an op's first calls run cold), so it goes to the bound; the first
+    # judged window scales it back by the excess, and it holds there, within the budget.
+    model = Costed({"io": latency(200)}, {"io": waits(0.005)}, {"io": 0.0001}, cores=2)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    history = run(ctl, model, 60)
+    assert "it waits; nothing else limits: its bound 64" in ctl.decisions[0]
+    assert any(d.startswith("scale io back: 64 -> 39") for d in ctl.decisions), ctl.decisions
+    assert all(h["io"] == 39 for h in history[-30:])
+    assert model.cpu(model.conf, model.throughput()) <= 0.4 * 1.1
+
+
+def test_the_model_prices_items_at_the_process_cpu_it_measured() -> None:
+    # The op's meter sees 4 us of CPU per item; the process spends 40 us per item (the
+    # engine's hops, wake-ups). Once a full window has been measured, the model prices items
+    # at what the process spent: after the latency goes from 5 to 20 ms it sizes the stage
+    # for the 2,300/s the budget (0.05 x 2 cores) pays for, not for the 7,000/s that the
+    # op's CPU and a fixed engine cost would suggest.
+    per_item = {"s": 0.005}
+    model = Costed(
+        {"io": lambda c: c / per_item["s"]},
+        {"io": lambda c: per_item["s"]},
+        {"io": 0.000004},
+        cores=2,
+        cpu=lambda conf, tput: 0.001 + tput * 0.00004 / 2,
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.05), cores=2)
+    run(ctl, model, 60)
+    per_item["s"] = 0.02
+    run(ctl, model, 60)
+    step = next(d for d in ctl.decisions if d.startswith("model io: 12 ->"))
+    assert "workload changed" in step and "the CPU budget pays for 2,308/s" in step, step
+    assert step.startswith("model io: 12 -> 46 ")
+
+
 def test_model_sizes_a_cpu_stage_to_the_cores_the_budget_allows() -> None:
     # Each item is 2 ms of CPU (the op's whole wall time); the budget is half of 8 cores.
     model = Costed({"cpu": cores(500, 8)}, {"cpu": waits(0.002)}, {"cpu": 0.002}, cores=8)
@@ -636,7 +673,8 @@ def test_a_workload_change_is_modelled_again_in_one_window() -> None:
     assert model.conf["io"] == 10 and model.throughput() == 2000
     per_item["s"] = 0.016  # the storage got 4x slower
     history = run(ctl, model, 100)
-    assert model.conf["io"] == 40 and model.throughput() == 2000
+    # 4x the latency, 4x the workers: 1.25 x 16 ms x the 1,929/s the budget pays for = 39
+    assert model.conf["io"] == 39 and model.throughput() == 2000
     settled = next(i for i, h in enumerate(history) if h == history[-1])
     assert settled <= 8, f"took {settled} ticks"  # one window, then the model's step
     assert any("workload changed" in d for d in ctl.decisions)

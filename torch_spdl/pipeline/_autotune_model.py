@@ -7,19 +7,24 @@ answer at once: to sustain a rate ``L`` a stage whose item takes ``w`` seconds n
 ``L * w`` items in flight. The rate aimed for is the least of:
 
 - what the CPU budget pays for: each item delivered costs the CPU of every stage it went
-  through (its measured op CPU, plus :data:`HOP_CPU_S` of engine work per stage); CPU the
-  process uses outside the stages (the training loop) is taken as fixed;
+  through: its measured op CPU, plus the engine's work per stage (taken as
+  :data:`HOP_CPU_S` at start-up; after that, measured: the process's CPU beyond the ops,
+  per item);
 - what the stages with a fixed concurrency can do (``n / w`` each): the downstream (or
   upstream) demand the autotuned stages cannot change;
 - the current rate, when the consumer is the limit already (the sink is full).
 
 A stage that burns CPU goes to about the cores the budget allows (``n * cpu / w`` cores). A
 stage that only waits (its op on the CPU less than :data:`WAITS` of its wall time, and using
-little of the budget in all: :data:`WAITING_CORES`) is sized
-for what the rest can take (Little's law with the others' new rate, a quarter to spare), or
-goes straight to its bound when nothing else limits it: the per-item CPU measured at one
-worker overstates what items cost at a high rate (wake-ups amortise), and the controller
-judges the step like any trial, scaling it back if the process goes over the budget.
+little of the budget in all: :data:`WAITING_CORES`) is sized for what the rest can take
+(Little's law with the others' new rate, a quarter to spare), or, when nothing else limits
+it, for what the CPU budget pays for, up to its bound. Its few microseconds per item matter
+only at tens of thousands of items a second (256 coroutines sleeping 5 ms: 50,000/s), and
+there they are the limit. At start-up its op CPU is not trusted (an op's first calls run
+cold, at several times their steady cost) and only the engine's hop is priced, so it
+usually goes straight to its bound; from the first full window on, items are priced at
+what the process measurably spent on them, and the controller judges every step, scaling
+it back by the excess if the process goes over the budget.
 Rates are compared in the units of the first measured stage, so ``aggregate`` in between
 (a batch per 32 items) is accounted for. Pure functions: no clock, no thread.
 """
@@ -29,8 +34,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["HOP_CPU_S", "WAITS", "StageCost", "model_targets"]
+__all__ = ["HOP_CPU_S", "WAITS", "StageCost", "Target", "model_targets"]
 
 # The engine's own CPU per item per stage (take, hand off, count), beyond what the op's
 # meter sees: on the 2-core development machine a 5 ms sleeping stage uses 16-25 us of
@@ -45,6 +51,13 @@ WAITS = 0.1
 # cores, not for I/O (on a machine busy with other work, a CPU-bound op runs a fraction of
 # its wall time), and more of them would only wait longer.
 WAITING_CORES = 0.25
+
+
+class Target(NamedTuple):
+    """The model's answer for one stage."""
+
+    concurrency: int
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -68,27 +81,43 @@ def model_targets(
     budget: float,
     sink_occupancy: float = 0.0,
     hop_cpu: float = HOP_CPU_S,
-    count_outside: bool = True,
-) -> dict[str, tuple[int, str]]:
-    """``{stage: (concurrency, reason)}`` for the tunable stages the model can size.
+    price_process: bool = True,
+) -> dict[str, Target]:
+    """``{stage: target}`` for the tunable stages the model can size.
 
     Args:
         costs: every stage of the pipeline in order, tunable or not.
         cpu_used: the process's CPU over the window, in cores (seconds per second).
         budget: the CPU budget in cores.
         sink_occupancy: how full the sink was (0-1).
-        count_outside: hold the CPU the process used outside the stages as spent (False
-            at start-up, when that CPU is the pipeline starting).
+        price_process: price the CPU the process used beyond the ops per item (at
+            least ``hop_cpu`` per stage); False at start-up, when that CPU is the pipeline
+            starting, and ``hop_cpu`` alone is used.
     """
     known = [c for c in costs if c.rate > 0 and c.wall]
     if not known:
         return {}
     ref = known[0].rate
     flow = {c.name: c.rate / ref for c in known}  # stage items per reference item
-    in_stages = sum(c.rate * ((c.cpu or 0.0) + hop_cpu) for c in known)
-    outside = max(0.0, cpu_used - in_stages) if count_outside else 0.0
-    per_item = sum(flow[c.name] * ((c.cpu or 0.0) + hop_cpu) for c in known)
-    affordable = max(budget - outside, 0.0) / per_item if per_item > 0 else math.inf
+    if price_process:
+        # The process's CPU beyond what the ops used is priced per item too (spread over
+        # the stages' items), never below the engine's own cost: at tens of thousands of
+        # items a second the engine's hops and the op's wake-ups are most of it, and they
+        # grow with the rate. The CPU outside the pipeline (a training loop) then counts
+        # as growing with the rate too, which errs towards staying within the budget.
+        in_ops = sum(c.rate * (c.cpu or 0.0) for c in known)
+        hops = sum(c.rate for c in known)
+        hop_cpu = max(hop_cpu, (cpu_used - in_ops) / hops)
+    # At start-up the op CPU of a stage that only waits is not trusted: its first calls run
+    # cold, at several times their steady cost (a coroutine sleeping 5 ms: 20 us a call,
+    # then 4), and that is all it costs; priced so, it would be sized at half of what the
+    # budget pays for. Its engine hop is counted; the first full window measures the rest.
+    per_item = sum(
+        flow[c.name]
+        * (hop_cpu + (0.0 if not price_process and _waits(c, budget) else c.cpu or 0.0))
+        for c in known
+    )
+    affordable = budget / per_item if per_item > 0 else math.inf
     # What the autotuned stages cannot change: fixed stages and the consumer.
     demand, demand_why = math.inf, ""
     for c in known:
@@ -98,14 +127,14 @@ def model_targets(
                 demand, demand_why = can, f"fixed stage {c.name} does {can:,.0f}/s"
     if sink_occupancy >= _CONSUMER_BOUND and ref < demand:
         demand, demand_why = ref, f"the consumer takes {ref:,.0f}/s"
-    out: dict[str, tuple[int, str]] = {}
+    out: dict[str, Target] = {}
     waiting: list[StageCost] = []
     for c in known:
         if not c.tunable:
             continue
         assert c.wall is not None
         share = None if c.cpu is None else c.cpu / c.wall
-        if share is not None and share < WAITS and c.rate * c.cpu < WAITING_CORES * budget:  # type: ignore[operator]
+        if _waits(c, budget):
             waiting.append(c)
             continue
         target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
@@ -123,21 +152,42 @@ def model_targets(
             if cap < n:
                 n, why = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"
         n = max(1, min(n, c.bound))
-        out[c.name] = (n, f"{reason}; {why}; Little's law: {n}")
+        out[c.name] = Target(n, f"{reason}; {why}; Little's law: {n}")
     # A stage that only waits costs (almost) no CPU: it is sized for what the rest of the
     # pipeline can take, with a quarter to spare, or goes to its bound when nothing limits.
     for c in known:
         if c.name in out:  # a stage that burns CPU, at its new concurrency
-            n = out[c.name][0]
+            n = out[c.name].concurrency
             can = n / (c.wall * flow[c.name])  # type: ignore[operator]
             if can < demand:
                 demand, demand_why = can, f"stage {c.name} at {n} does {can:,.0f}/s"
     for c in waiting:
         assert c.wall is not None and c.cpu is not None
         reason = f"{c.wall * 1e3:.2f} ms/item, {c.cpu / c.wall:.0%} on the CPU: it waits"
+        # Little's law at what the budget pays for: a stage that waits costs little CPU per
+        # item, but the engine's hops and the op's own wake-ups add up at tens of
+        # thousands of items a second (256 coroutines sleeping 5 ms: 50,000/s).
+        paid = math.inf if math.isinf(affordable) else flow[c.name] * affordable * c.wall
         if math.isinf(demand):
-            out[c.name] = (c.bound, f"{reason}; nothing else limits: its bound {c.bound}")
+            if paid >= c.bound:
+                why = f"nothing else limits: its bound {c.bound}"
+                out[c.name] = Target(c.bound, f"{reason}; {why}")
+            else:
+                n = max(1, math.floor(paid))
+                why = f"the CPU budget pays for {affordable:,.0f}/s"
+                out[c.name] = Target(n, f"{reason}; {why}; Little's law: {n}")
             continue
-        n = max(1, min(c.bound, math.ceil(1.25 * flow[c.name] * demand * c.wall)))
-        out[c.name] = (n, f"{reason}; {demand_why}; Little's law with 25% spare: {n}")
+        rate, why = demand, demand_why
+        if affordable < demand:
+            rate, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
+        n = max(1, min(c.bound, math.ceil(1.25 * flow[c.name] * rate * c.wall)))
+        out[c.name] = Target(n, f"{reason}; {why}; Little's law with 25% spare: {n}")
     return out
+
+
+def _waits(c: StageCost, budget: float) -> bool:
+    """Whether the stage only waits: its op is on the CPU for less than :data:`WAITS` of
+    its wall time, and its CPU in all is a small part of the budget."""
+    if c.cpu is None or not c.wall:
+        return False
+    return c.cpu / c.wall < WAITS and c.rate * c.cpu < WAITING_CORES * budget

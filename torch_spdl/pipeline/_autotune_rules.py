@@ -201,7 +201,7 @@ class AutotuneController:
             cpu_used=cpu_cores,
             budget=self.config.cpu_budget * self.cores,
             sink_occupancy=window[-1].stages[-1].out_occupancy if window[-1].stages else 0.0,
-            count_outside=not start,
+            price_process=not start,
         )
         out = {}
         for name, (n, why) in targets.items():
