@@ -52,7 +52,7 @@ class AsyncStage(OpStage):
             runtime.spawn_task(partial(self._work, i))
 
     def _resize(self, n: int) -> None:
-        self._concurrency = n
+        super()._resize(n)
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:

@@ -99,6 +99,11 @@ class Node:
         """True once every worker has left."""
         return bool(self._finished_at)
 
+    @property
+    def started_workers(self) -> int:
+        """Workers started so far: launch's, and those joined since (:meth:`join_worker`)."""
+        return self._started
+
     # -- what the runtime's helpers see (Stage.for_autotuner / for_tracer) ---------------
     def for_autotuner(self) -> TunableStage | None:
         """This node as the autotuner reads it; None: the autotuner does not see it."""

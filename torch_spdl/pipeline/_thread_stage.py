@@ -65,8 +65,8 @@ class ThreadStage(OpStage):
 
     def _resize(self, n: int) -> None:
         with self._parking:
-            self._concurrency = n
-            while self._started < n and not self._released and self._add_worker():
+            super()._resize(n)
+            while self.started_workers < n and not self._released and self._add_worker():
                 pass
             self._parking.notify_all()
 
@@ -349,7 +349,7 @@ class ThreadStage(OpStage):
 
     def unblock_workers(self) -> None:
         self._release()
-        for _ in range(self._started):  # free workers waiting for the window
+        for _ in range(self.started_workers):  # free workers waiting for the window
             self._window.release()
 
     def _executor_broken(self, exc: BaseException) -> None:
