@@ -6,6 +6,12 @@ leave the event loop, so an item moves between two async stages without a thread
 An autotuned stage starts ``max_workers`` coroutines (they cost no thread) and parks those
 above the current limit on futures of the loop; :meth:`AsyncStage.set_concurrency` may be
 called from any thread and wakes them through the loop.
+
+A coroutine ends through the same end-of-stream template as a thread
+(:meth:`~._node.Node.aend_worker`, the awaiting twin of ``end_worker``). An async stage
+holds nothing to flush: ``aggregate`` always runs as a thread stage, whatever the ops
+around it, so ``flush()`` is the base's empty one here; were it not, the template would
+``aput`` what it returns, as a thread stage puts its partial batch.
 """
 
 from __future__ import annotations
@@ -38,15 +44,15 @@ class AsyncStage(OpStage):
         self._released = False
         self._loop: asyncio.AbstractEventLoop | None = None
 
+    starts_every_worker = True  # a parked coroutine costs no thread
+
     def launch(self, runtime: Supervisor) -> None:
         self.enter_stage_hooks()
-        count = self.most_workers
-        self._active = count
-        for i in range(count):
+        for i in range(self.workers):
             runtime.spawn_task(partial(self._work, i))
 
     def _resize(self, n: int) -> None:
-        self._limit = n
+        super()._resize(n)
         loop = self._loop
         if loop is not None and not loop.is_closed():
             try:
@@ -74,26 +80,26 @@ class AsyncStage(OpStage):
         self._released = True
         self._wake_parked()
         if self._window is not None:
-            for _ in range(self.most_workers):
+            for _ in range(self.workers):
                 self._window.release()
 
     async def _gate(self, index: int) -> None:
         """Park coroutine ``index`` of an autotuned stage while it is above the limit."""
-        while index >= self._limit and not self._released:
+        while index >= self._concurrency and not self._released:
             fut = asyncio.get_running_loop().create_future()
             self._parked.append(fut)
             await fut
 
     async def _gated_get(self, index: int) -> Any:
         # Checked here too: awaiting _gate would make a coroutine for every item.
-        if index >= self._limit:
+        if index >= self._concurrency:
             await self._gate(index)
         return await self.inbox.aget()
 
     async def _work(self, index: int) -> None:
         self._loop = asyncio.get_running_loop()
         counters = self.new_counters()
-        aget = partial(self._gated_get, index) if self.auto else self.inbox.aget
+        aget = partial(self._gated_get, index) if self.tunable else self.inbox.aget
         op = self.op
         if self.hooks:
             op = hooked_async(op, self.hooks, generator=self.kind is OpKind.ASYNC_GEN)
@@ -109,12 +115,12 @@ class AsyncStage(OpStage):
         except Exception as exc:
             self.crash(exc)
         finally:
-            if self.auto:
-                self._released = True
-                self._wake_parked()
-            if self.leave():
-                await self.aexit_stage_hooks()
-                self.outbox.close(self.end_error())
+            await self.aend_worker()
+
+    def release_parked(self) -> None:
+        if self.tunable:
+            self._released = True
+            self._wake_parked()
 
     async def _run_fast(self, counters: Any, aget: Any, op: Any) -> None:
         aput, clock = self.outbox.aput, time.perf_counter

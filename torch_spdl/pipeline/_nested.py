@@ -196,10 +196,6 @@ class PathVariantsStage(Node):
         for path in self.paths:
             path._stop_as_source()
 
-    def _finish(self) -> None:
-        if self.leave():
-            self.outbox.close(self.end_error())
-
     def _route(self) -> None:
         counters = self.new_counters()
         loop = asyncio.new_event_loop() if inspect.iscoroutinefunction(self.router) else None
@@ -234,7 +230,7 @@ class PathVariantsStage(Node):
         finally:
             if loop is not None:
                 loop.close()
-            self._finish()
+            self.end_worker()
 
     def _join(self, path: InnerPipeline) -> None:
         put = self.outbox.put
@@ -252,4 +248,4 @@ class PathVariantsStage(Node):
             for route in self.routes:  # the router may wait on this path's channel
                 route.abort(None)
         finally:
-            self._finish()
+            self.end_worker()

@@ -4,13 +4,28 @@ The contract itself (what the runtime calls on a stage, what a stage may ask of 
 runtime) is written in ``_protocols.py``; this is the one implementation of it that every
 stage derives from.
 
-A node reads its ``inbox`` channel, writes its ``outbox`` channel and runs ``workers``
-workers, threads or coroutines that the runtime owns. The last worker to leave closes the
-outbox, passing on the upstream's end-of-stream error, so the end of the stream (and any
-source error) travels down the chain in order. A failed item is logged once, counted, and
-dropped; past its ``max_failures`` budget the node fails the pipeline: the runtime stops
-everything upstream of it, and the node closes its outbox with the failure, so what was
-already made downstream still reaches the consumer ahead of the error.
+A node reads its ``inbox`` channel, writes its ``outbox`` channel and runs workers,
+threads or coroutines that the runtime owns. How a stage *ends* is written once, here, for
+every kind of node (a sync or async source, a thread or async stage, an aggregate, a
+region, path variants): each worker, as it exits, calls :meth:`Node.end_worker` (from a
+thread) or :meth:`Node.aend_worker` (from a coroutine), and the template runs
+
+1. :meth:`~Node.release_parked` (every worker): workers parked by an autotuned stage leave
+   too, since the input ended or the stage stops;
+2. record that the worker left; only the last one of the stage goes on;
+3. :meth:`~Node.flush`: what the stage still holds (aggregate's partial batch) goes out;
+4. :meth:`~Node.exit_stage_hooks`: the stage hooks are left, once per stage;
+5. the outbox is closed, once, with this node's failure or the upstream's end-of-stream
+   error, so the end of the stream (and any error) travels down the chain in order.
+
+Stages differ only in those overridable steps, never in the sequence. The count of live
+workers belongs to the base: a node starts ``workers`` workers at launch, and a stage that
+grows while running asks for one more with :meth:`Node.join_worker`.
+
+A failed item is logged once, counted, and dropped; past its ``max_failures`` budget the
+node fails the pipeline: the runtime stops everything upstream of it, and the node closes
+its outbox with the failure, so what was already made downstream still reaches the
+consumer ahead of the error.
 """
 
 from __future__ import annotations
@@ -24,7 +39,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._autotune_meter import StageMeter
-from ._channel import Channel
+from ._channel import Channel, ChannelAborted
 from ._errors import describe_item
 from ._failures import FailureBudget
 from ._ops import OpKind
@@ -33,7 +48,7 @@ from ._stats import Counters, StageStats
 
 if TYPE_CHECKING:
     from ._hooks import TaskHook
-    from ._protocols import StageTracer, Supervisor
+    from ._protocols import StageTracer, Supervisor, TracedStage, TunableStage
 
 __all__ = ["Node", "OpStage"]
 
@@ -41,7 +56,8 @@ _LG = logging.getLogger("torch_spdl.pipeline")
 
 
 class Node:
-    """Base class of sources and stages. Subclasses implement :meth:`launch`."""
+    """Base class of sources and stages. Subclasses implement :meth:`launch`, which starts
+    ``workers`` workers; each worker ends with :meth:`end_worker` or :meth:`aend_worker`."""
 
     max_workers: int | None = None  # set for an autotuned stage: the most it may grow to
 
@@ -58,14 +74,16 @@ class Node:
         self.name = name
         self.inbox = inbox
         self.outbox = outbox
-        self.workers = workers
+        self.workers = workers  # how many workers launch() starts
         if budget is None:
             budget = FailureBudget(max_failures, self.invocations)
         self.budget = budget
         self._failure: BaseException | None = None  # why this node failed the pipeline
         self._counters: list[Counters] = []
         self._lock = threading.Lock()
-        self._active = workers
+        # The worker count, owned here: workers started so far, and those not yet left.
+        self._started = workers
+        self._live = workers
         self._num_failed = 0
         self._started_at = 0.0
         self._finished_at = 0.0
@@ -81,9 +99,23 @@ class Node:
         """True once every worker has left."""
         return bool(self._finished_at)
 
+    @property
+    def started_workers(self) -> int:
+        """Workers started so far: launch's, and those joined since (:meth:`join_worker`)."""
+        return self._started
+
+    # -- what the runtime's helpers see (Stage.for_autotuner / for_tracer) ---------------
+    def for_autotuner(self) -> TunableStage | None:
+        """This node as the autotuner reads it; None: the autotuner does not see it."""
+        return None
+
+    def for_tracer(self) -> TracedStage | None:
+        """This node as the tracer records it; None: it has no op to trace."""
+        return None
+
     # -- lifecycle -----------------------------------------------------------------------
     def launch(self, runtime: Supervisor) -> None:
-        """Register this node's workers with the runtime (which starts them)."""
+        """Register this node's ``workers`` workers with the runtime (which starts them)."""
         raise NotImplementedError
 
     def bind(self, runtime: Supervisor) -> None:
@@ -93,30 +125,92 @@ class Node:
     def on_stop(self) -> None:
         """Called once when the pipeline stops; release what the workers may block on."""
 
-    def flush(self) -> Iterable[Any]:
-        """Items to emit after the input ended normally (aggregate's partial batch)."""
-        return ()
-
     def new_counters(self) -> Counters:
         counters = Counters()
         with self._lock:
             self._counters.append(counters)
         return counters
 
-    def leave(self) -> bool:
-        """Called by each worker as it exits; True for the last one."""
+    def join_worker(self) -> int | None:
+        """Count one more worker of a running stage (an autotuned stage grows); its index,
+        or None once the stage has ended. It ends with :meth:`end_worker`, started or not."""
         with self._lock:
-            self._active -= 1
-            if self._active:
+            if self._finished_at:
+                return None
+            self._live += 1
+            index = self._started
+            self._started += 1
+            return index
+
+    # -- end of stream: one template (see the module notes) ------------------------------
+    def end_worker(self) -> None:
+        """End a worker thread; the last one of the stage flushes, leaves the stage hooks
+        and closes the outbox. Blocks while the outbox is full."""
+        if not self._leave():
+            return
+        counters, outs = self.new_counters(), self._flushed()
+        try:
+            for item in outs:  # a partial batch goes out even before an upstream error
+                self.outbox.put(item)
+                counters.num_out += 1
+        except ChannelAborted:
+            pass  # stopped meanwhile: nobody reads what was held
+        self.exit_stage_hooks()
+        self.outbox.close(self.end_error())
+
+    async def aend_worker(self) -> None:
+        """:meth:`end_worker` for a worker coroutine: the same steps, awaiting where a
+        thread blocks (putting flushed items, leaving the stage hooks)."""
+        if not self._leave():
+            return
+        counters, outs = self.new_counters(), self._flushed()
+        try:
+            for item in outs:
+                await self.outbox.aput(item)
+                counters.num_out += 1
+        except ChannelAborted:
+            pass
+        await self.aexit_stage_hooks()
+        self.outbox.close(self.end_error())
+
+    def release_parked(self) -> None:
+        """Step 1, run by every worker as it exits: let workers that wait for a turn (an
+        autotuned stage's parked ones) leave too."""
+
+    def _leave(self) -> bool:
+        """Step 2 (with step 1): record that a worker left; True for the last one."""
+        self.release_parked()
+        with self._lock:
+            self._live -= 1
+            if self._live:
                 return False
             self._finished_at = time.perf_counter()
             return True
+
+    def flush(self) -> Iterable[Any]:
+        """Step 3: the items the stage still holds after its input ended (aggregate's
+        partial batch); none by default."""
+        return ()
+
+    def _flushed(self) -> list[Any]:
+        try:
+            return list(self.flush())
+        except Exception as exc:  # a custom aggregator's flush(): fail, never hang
+            exc.add_note(f"torch_spdl: raised by flush() at the end of stage {self.name!r}")
+            self.fail(exc)
+            return []
+
+    def exit_stage_hooks(self) -> None:
+        """Step 4 from a thread: leave the stage hooks (none by default)."""
+
+    async def aexit_stage_hooks(self) -> None:
+        """Step 4 from a coroutine: leave the stage hooks (none by default)."""
 
     def upstream_error(self) -> BaseException | None:
         return self.inbox.close_error if self.inbox is not None else None
 
     def end_error(self) -> BaseException | None:
-        """What to close the outbox with: this node's failure, or the upstream's.
+        """Step 5: what to close the outbox with: this node's failure, or the upstream's.
 
         Called once, by the last worker to leave. A failure rate is checked here too, so
         that failures made during the probation count once the stage has seen enough.
@@ -231,16 +325,20 @@ class OpStage(Node):
     For input order, each item gets a sequence number as it is taken, and results are
     emitted strictly by sequence number (``_pending`` holds those that finished early).
 
-    With ``max_workers`` set the stage is autotuned: ``workers`` is only where it starts,
-    and :meth:`set_concurrency` moves the number of workers allowed to take items between
-    1 and ``max_workers`` while it runs (the subclasses park the excess ones).
+    With ``max_workers`` set the stage is autotuned: the ``workers`` argument is only the
+    concurrency it starts with, and :meth:`set_concurrency` moves the number of workers
+    allowed to take items (:attr:`concurrency`) between :attr:`floor` and :attr:`bound`
+    while it runs; the workers above it are parked. A stage whose workers cost no thread
+    (``starts_every_worker``) starts all ``bound`` of them at launch, the others start
+    theirs as the concurrency grows (:meth:`Node.join_worker`).
     ``tracer``, when set before launch, records when each item's op started and ended.
-    An autotuned stage is the autotuner's :class:`~._protocols.TunableStage`: its op is
-    metered (wall and CPU time per item) from launch, and ``tune_key`` names it in what
-    the tuner remembers between builds.
+    An op stage is what the autotuner reads (:class:`~._protocols.TunableStage`), tuned or
+    not; an autotuned one's op is metered (wall and CPU time per item) from launch, and
+    ``tune_key`` names it in what the tuner remembers between builds.
     """
 
     inbox: Channel[Any]  # a stage always has an input, unlike a source
+    starts_every_worker = False  # True: launch starts `bound` workers and parks the excess
 
     def __init__(
         self,
@@ -259,49 +357,53 @@ class OpStage(Node):
         tune_key: Hashable | None = None,
         min_workers: int = 1,
     ) -> None:
+        bound = max_workers if max_workers is not None else workers
+        concurrency = min(workers, bound)
         super().__init__(
-            name, inbox, outbox, workers=workers, max_failures=max_failures, budget=budget
+            name,
+            inbox,
+            outbox,
+            workers=bound if self.starts_every_worker else concurrency,
+            max_failures=max_failures,
+            budget=budget,
         )
+        self.bound = bound  # the most workers this stage ever runs
+        self.floor = min_workers  # the fewest an autotuned stage runs
+        self.max_workers = max_workers
+        self._concurrency = concurrency  # workers allowed to take items
         self.tune_key = tune_key
-        self.min_workers = min_workers  # the least an autotuned stage runs
         self.meter: StageMeter | None = None
         self.hooks = list(hooks)
         self._stage_stack: contextlib.AsyncExitStack | None = None
         self.op = op
         self.kind = kind
-        self.max_workers = max_workers
-        self.auto = max_workers is not None
-        most = max_workers if max_workers is not None else workers
-        self.most_workers = most  # the most workers this stage ever runs
-        self._limit = min(workers, most)  # workers allowed to take items (== workers if fixed)
-        self.ordered = ordered and most > 1
+        self.ordered = ordered and bound > 1
         self._next_seq = 0
         self._next_emit = 0
         self._pending: dict[int, Any] = {}
-        self.window = 2 * most  # most items taken and not yet emitted, in input order
+        self.window = 2 * bound  # most items taken and not yet emitted, in input order
         self.tracer: StageTracer | None = None
 
     @property
     def concurrency(self) -> int:
-        return self._limit
+        return self._concurrency
 
-    # -- the autotuner's surface (TunableStage) --------------------------------------------
+    # -- the autotuner's surface (TunableStage) and the tracer's (TracedStage) ------------
     @property
     def tunable(self) -> bool:
-        return self.auto
+        """True for an autotuned stage (``concurrency="auto"``)."""
+        return self.max_workers is not None
 
-    @property
-    def bound(self) -> int:
-        return self.most_workers
+    def for_autotuner(self) -> TunableStage:
+        return self
 
-    @property
-    def floor(self) -> int:
-        return self.min_workers
+    def for_tracer(self) -> TracedStage:
+        return self
 
     def bind(self, runtime: Supervisor) -> None:
         super().bind(runtime)
         # Meter an autotuned op on our own workers (an executor's op may have to pickle).
-        if self.auto and self.meter is None and getattr(self, "executor", None) is None:
+        if self.tunable and self.meter is None and getattr(self, "executor", None) is None:
             meter = self.meter = StageMeter()
             if self.kind is OpKind.ASYNC_FUNC:
                 self.op = meter.wrap_async(self.op)
@@ -324,18 +426,16 @@ class OpStage(Node):
         )
 
     def set_concurrency(self, n: int) -> int:
-        """Allow ``n`` workers (clamped to min_workers..max_workers); returns the value
-        applied."""
-        if not self.auto:
+        """Allow ``n`` workers (clamped to floor..bound); returns the value applied."""
+        if not self.tunable:
             raise RuntimeError(f"stage {self.name!r} has a fixed concurrency")
-        assert self.max_workers is not None
-        n = max(self.min_workers, 1, min(int(n), self.max_workers))
+        n = max(self.floor, 1, min(int(n), self.bound))
         self._resize(n)
         return n
 
     def _resize(self, n: int) -> None:
-        """Apply a new worker limit; the subclasses wake or start workers."""
-        self._limit = n
+        """Apply a new concurrency; the subclasses wake or start workers."""
+        self._concurrency = n
 
     # -- stage hooks (only for stages built with hooks) ------------------------------------
     def enter_stage_hooks(self) -> None:

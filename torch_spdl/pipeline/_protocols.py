@@ -59,9 +59,16 @@ class Stage(Protocol):
     A stage reads ``inbox`` (None for a source) and writes ``outbox``. The runtime calls
     ``bind`` then ``launch`` once when the pipeline starts (``launch`` registers the
     stage's workers with the supervisor), ``on_stop`` once when it stops, and ``stats``
-    whenever asked. The last worker of a stage to leave closes ``outbox``, with the
-    stage's failure or the upstream's end-of-stream error, so the end of the stream
-    travels down in order.
+    whenever asked. It hands the tracer and the autotuner what ``for_tracer`` and
+    ``for_autotuner`` return, so neither needs to know a stage's class.
+
+    **End of stream, one template for every stage.** Each worker, as it exits, lets
+    parked workers go and records that it left; the last one of the stage then, in this
+    order, flushes what the stage still holds (an aggregate's partial batch) into
+    ``outbox``, leaves the stage hooks, and closes ``outbox`` once, with the stage's
+    failure or else the upstream's end-of-stream error, so the end of the stream travels
+    down in order. (``Node.end_worker`` and its awaiting twin ``aend_worker`` are that
+    template; stages override its steps, never the sequence.)
     """
 
     name: str
@@ -78,6 +85,15 @@ class Stage(Protocol):
     def on_stop(self) -> None: ...
 
     def stats(self) -> StageStats: ...
+
+    def for_autotuner(self) -> TunableStage | None:
+        """This stage as the autotuner reads it (every op stage, tuned or not); None: the
+        autotuner does not see it."""
+        ...
+
+    def for_tracer(self) -> TracedStage | None:
+        """This stage as the tracer records it; None: it has no op to trace."""
+        ...
 
 
 class StageTracer(Protocol):

@@ -217,10 +217,6 @@ class RegionStage(Node):
             runtime.spawn_thread(partial(self._feed, worker), f"torch_spdl-{self.name}-feed{i}")
             runtime.spawn_thread(partial(self._receive, worker), f"torch_spdl-{self.name}-recv{i}")
 
-    def _finish(self) -> None:
-        if self.leave():
-            self.outbox.close(self.end_error())
-
     def _feed(self, worker: _Worker) -> None:
         counters = self.new_counters()
         get, get_nowait = self.inbox.get, self.inbox.get_nowait
@@ -249,7 +245,7 @@ class RegionStage(Node):
             self.crash(exc)
         finally:
             conn.close()
-            self._finish()
+            self.end_worker()
 
     def _pickled(self, chunk: list[Any]) -> bytes:
         try:
@@ -297,7 +293,7 @@ class RegionStage(Node):
             self.crash(exc)
         finally:
             worker.results.close()
-            self._finish()
+            self.end_worker()
 
     def _died(self, worker: _Worker) -> None:
         process = worker.process

@@ -23,7 +23,6 @@ from ._autotune import AutotuneConfig, Autotuner
 from ._background import BackgroundTaskFactory, run_background
 from ._channel import Channel
 from ._errors import PipelineFailure
-from ._node import Node, OpStage
 from ._protocols import Stage
 from ._stats import StatsReporter
 from ._trace import PipelineTrace
@@ -46,7 +45,7 @@ class Runtime:
 
     def __init__(
         self,
-        nodes: Sequence[Node],
+        nodes: Sequence[Stage],
         channels: Sequence[Channel[Any]],
         *,
         report_stats_interval: float = -1,
@@ -71,13 +70,14 @@ class Runtime:
         self._reporter = (
             StatsReporter(report_stats_interval, self.stats) if report_stats_interval > 0 else None
         )
-        stages = [n for n in self.nodes if isinstance(n, OpStage)]
-        self._tracer = Tracer(stages, self.channels) if trace else None
-        tunable = autotune is not None and any(s.auto for s in stages)
+        # The tracer and the autotuner see each stage through its protocol, never its class.
+        traced = [t for n in self.nodes if (t := n.for_tracer()) is not None]
+        self._tracer = Tracer(traced, self.channels) if trace else None
+        read = [r for n in self.nodes if (r := n.for_autotuner()) is not None]
         sink = self.channels[-1]
         self._autotuner = (
-            Autotuner(stages, lambda: sink.n_gets, autotune, trace=self._tracer)
-            if tunable and autotune is not None
+            Autotuner(read, lambda: sink.n_gets, autotune, trace=self._tracer)
+            if autotune is not None and any(s.tunable for s in read)
             else None
         )
 

@@ -1,4 +1,9 @@
-"""The source node: iterates the user's (async) iterable into the first channel."""
+"""The source node: iterates the user's (async) iterable into the first channel.
+
+It ends as every stage does (``Node.end_worker`` / ``aend_worker``): a source holds
+nothing to flush and has no stage hooks, so its end is closing the first channel, with
+the source's error if iterating it raised.
+"""
 
 from __future__ import annotations
 
@@ -38,56 +43,42 @@ class SourceNode(Node):
         if stop is not None:
             stop()
 
-    def _source_error(self, exc: Exception) -> BaseException | None:
+    def _source_failed(self, exc: Exception) -> None:
         """A failing source fails the pipeline like a stage: the items it made before go
         through, then the consumer gets a ``PipelineFailure`` holding this error."""
         exc.add_note(f"torch_spdl: raised while iterating the pipeline's source {self.source!r}")
         self.fail(exc)
-        return self.end_error()
 
     def _run_sync(self) -> None:
-        try:
-            self._iterate_sync()
-        finally:
-            self.leave()
-
-    def _iterate_sync(self) -> None:
         counters = self.new_counters()
         put = self.outbox.put
         source = self.source
-        assert isinstance(source, Iterable)  # run here only when not is_async
-        error: BaseException | None = None
         try:
+            assert isinstance(source, Iterable)  # run here only when not is_async
             for item in source:
                 put(item)
                 counters.num_out += 1
         except ChannelAborted:
-            return
+            pass
         except Exception as exc:
-            error = self._source_error(exc)
+            self._source_failed(exc)
         except BaseException as exc:
             self.crash(exc)
-            error = self.end_error()
-        self.outbox.close(error)
+        finally:
+            self.end_worker()
 
     async def _run_async(self) -> None:
-        try:
-            await self._iterate_async()
-        finally:
-            self.leave()
-
-    async def _iterate_async(self) -> None:
         counters = self.new_counters()
         aput = self.outbox.aput
         source = self.source
-        assert isinstance(source, AsyncIterable)  # run here only when is_async
-        error: BaseException | None = None
         try:
+            assert isinstance(source, AsyncIterable)  # run here only when is_async
             async for item in source:
                 await aput(item)
                 counters.num_out += 1
         except ChannelAborted:
-            return
+            pass
         except Exception as exc:
-            error = self._source_error(exc)
-        self.outbox.close(error)
+            self._source_failed(exc)
+        finally:
+            await self.aend_worker()

@@ -55,22 +55,18 @@ class ThreadStage(OpStage):
         self._window = threading.Semaphore(self.window)
         self._parking = threading.Condition()  # autotuned stages: workers above the limit
         self._released = False  # end of input or stop: parked workers leave
-        self._spawned = 0
 
     one_task_per_item = False  # with hooks: a generator op's call is one task, not each step
 
     def launch(self, runtime: Supervisor) -> None:
         self.enter_stage_hooks()
-        first = self._limit
-        self._spawned = first
-        self._active = first
-        for i in range(first):
+        for i in range(self.workers):
             runtime.spawn_thread(partial(self._work, i), f"torch_spdl-{self.name}-{i}")
 
     def _resize(self, n: int) -> None:
         with self._parking:
-            self._limit = n
-            while self._spawned < n and not self._released and self._add_worker():
+            super()._resize(n)
+            while self.started_workers < n and not self._released and self._add_worker():
                 pass
             self._parking.notify_all()
 
@@ -79,17 +75,17 @@ class ThreadStage(OpStage):
         runtime = self._runtime
         if runtime is None:
             return False
-        with self._lock:
-            if self._finished_at:
-                return False
-            self._active += 1
-        i = self._spawned
-        if not runtime.start_thread(partial(self._work, i), f"torch_spdl-{self.name}-{i}"):
-            if self.leave():
-                self._finish()
+        i = self.join_worker()
+        if i is None:
             return False
-        self._spawned += 1
+        if not runtime.start_thread(partial(self._work, i), f"torch_spdl-{self.name}-{i}"):
+            self.end_worker()  # counted, never started: it leaves as any worker does
+            return False
         return True
+
+    def release_parked(self) -> None:
+        if self.tunable:
+            self._release()
 
     def _release(self) -> None:
         with self._parking:
@@ -98,13 +94,13 @@ class ThreadStage(OpStage):
 
     def _gated_get(self, index: int) -> Any:
         """``inbox.get`` for worker ``index`` of an autotuned stage: park while above the limit."""
-        if index >= self._limit:  # checked here too: no call per item when not parking
+        if index >= self._concurrency:  # checked here too: no call per item when not parking
             self._gate(index)
         return self.inbox.get()
 
     def _work(self, index: int) -> None:
         counters = self.new_counters()
-        get = partial(self._gated_get, index) if self.auto else self.inbox.get
+        get = partial(self._gated_get, index) if self.tunable else self.inbox.get
         close: Callable[[], None] | None = None
         try:
             if self.executor is None and not self.ordered:
@@ -126,10 +122,7 @@ class ThreadStage(OpStage):
         finally:
             if close is not None:
                 close()
-            if self.auto:
-                self._release()
-            if self.leave():
-                self._finish()
+            self.end_worker()
 
     def _hooked(self, op: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], Callable[[], None]]:
         """``op`` with this stage's task hooks (one private event loop per worker)."""
@@ -137,23 +130,6 @@ class ThreadStage(OpStage):
             hooked, close = hooked_sync(lambda item: list(op(item)), self.hooks, generator=False)
             return (lambda item: hooked(item) or ()), close
         return hooked_sync(op, self.hooks, generator=self.kind is OpKind.GEN)
-
-    def _finish(self) -> None:
-        self.exit_stage_hooks()
-        try:
-            outs = list(self.flush())
-        except Exception as exc:  # a custom aggregator's flush(): fail, never hang
-            exc.add_note(f"torch_spdl: raised by flush() at the end of stage {self.name!r}")
-            self.fail(exc)
-            outs = []
-        try:
-            counters = self.new_counters()
-            for item in outs:  # a partial batch goes out even before a source error
-                self.outbox.put(item)
-                counters.num_out += 1
-        except ChannelAborted:
-            return
-        self.outbox.close(self.end_error())
 
     # The hot path: a plain function, completion order, on our own thread.
     def _run_fast(self, counters: Any, get: Callable[[], Any], op: Callable[[Any], Any]) -> None:
@@ -204,7 +180,7 @@ class ThreadStage(OpStage):
             and self.kind is OpKind.FUNC
             and not self.hooks
             and self.tracer is None
-            and not self.auto
+            and not self.tunable
         ):
             self._loop_chunked(counters)
             return None
@@ -223,7 +199,7 @@ class ThreadStage(OpStage):
         get, clock, ordered = self.inbox.get, time.perf_counter, self.ordered
         if self.tracer is not None:
             compute = self.tracer.wrap(self, index, compute, generator=False)
-        gate = partial(self._gate, index) if self.auto else None
+        gate = partial(self._gate, index) if self.tunable else None
         while True:
             if gate is not None:
                 gate()
@@ -363,9 +339,9 @@ class ThreadStage(OpStage):
 
     def _gate(self, index: int) -> None:
         """Park worker ``index`` of an autotuned stage while it is above the limit."""
-        if index >= self._limit:
+        if index >= self._concurrency:
             with self._parking:
-                while index >= self._limit and not self._released:
+                while index >= self._concurrency and not self._released:
                     self._parking.wait()
 
     def on_stop(self) -> None:
@@ -373,7 +349,7 @@ class ThreadStage(OpStage):
 
     def unblock_workers(self) -> None:
         self._release()
-        for _ in range(max(self.workers, self._spawned)):  # free workers waiting for the window
+        for _ in range(self.started_workers):  # free workers waiting for the window
             self._window.release()
 
     def _executor_broken(self, exc: BaseException) -> None:
