@@ -324,3 +324,59 @@ def test_the_stream_ends_once_after_every_worker_left(
     else:
         assert Counter(got) == Counter(range(n))
     assert [s.num_out for s in pipeline.get_stats()] == [n, n, n]
+
+
+# -- failures in aggregate and disaggregate count like any stage's -------------------------
+
+
+class _RejectsOdd(Aggregator):
+    """Pairs of even items; an odd item makes ``accumulate`` raise."""
+
+    def __init__(self) -> None:
+        self._held: list[int] = []
+
+    def accumulate(self, item: int) -> list[int] | None:
+        if item % 2:
+            raise Injected(f"odd item {item}")
+        self._held.append(item)
+        if len(self._held) == 2:
+            pair, self._held = self._held, []
+            return pair
+        return None
+
+    def flush(self) -> list[int] | None:
+        pair, self._held = self._held, []
+        return pair or None
+
+
+@pytest.mark.parametrize("max_failures", [-1, 0, 2])
+def test_an_aggregator_that_raises_counts_against_max_failures(max_failures: int) -> None:
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(10))
+        .aggregate(_RejectsOdd())  # type: ignore[arg-type]
+        .add_sink(4)
+        .build(num_threads=1, max_failures=max_failures)
+    )
+    got, failure = _consume(pipeline)
+    if max_failures < 0:  # no limit: the five odd items are logged and dropped, no more
+        assert failure is None
+        assert _flat(got) == Counter(range(0, 10, 2))
+        return
+    assert failure is not None and "aggregate" in failure.stages[0]
+    assert isinstance(failure.__cause__, Injected)
+    assert _flat(got) <= Counter(range(0, 10, 2))
+
+
+def test_disaggregate_of_a_non_iterable_counts_as_a_failure() -> None:
+    pipeline = (
+        PipelineBuilder()
+        .add_source([[1, 2], 3, [4]])
+        .disaggregate()
+        .add_sink(4)
+        .build(num_threads=1, max_failures=0)
+    )
+    got, failure = _consume(pipeline)
+    assert failure is not None and "disaggregate" in failure.stages[0]
+    assert isinstance(failure.__cause__, TypeError)
+    assert _flat([got]) <= Counter([1, 2, 4])

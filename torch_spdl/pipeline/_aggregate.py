@@ -11,6 +11,7 @@ from typing import Any
 
 from ._aggregator import Aggregator
 from ._channel import Channel
+from ._failures import FailureBudget
 from ._hooks import TaskHook
 from ._ops import OpKind
 from ._thread_stage import ThreadStage
@@ -32,9 +33,21 @@ class AggregateStage(ThreadStage):
         inbox: Channel[Any],
         outbox: Channel[Any],
         hooks: Sequence[TaskHook] = (),
+        *,
+        budget: FailureBudget | None = None,
     ) -> None:
+        # An item whose accumulate() raises is a failure like any op's: logged, counted
+        # against the build's max_failures, dropped.
         super().__init__(
-            name, self._add, OpKind.GEN, inbox, outbox, workers=1, ordered=False, hooks=hooks
+            name,
+            self._add,
+            OpKind.GEN,
+            inbox,
+            outbox,
+            workers=1,
+            ordered=False,
+            hooks=hooks,
+            budget=budget,
         )
         self.aggregator = aggregator
         self.drop_last = drop_last
@@ -64,7 +77,17 @@ class DisaggregateStage(ThreadStage):
         inbox: Channel[Any],
         outbox: Channel[Any],
         hooks: Sequence[TaskHook] = (),
+        *,
+        budget: FailureBudget | None = None,
     ) -> None:
         super().__init__(
-            name, _split, OpKind.GEN, inbox, outbox, workers=1, ordered=False, hooks=hooks
+            name,
+            _split,
+            OpKind.GEN,
+            inbox,
+            outbox,
+            workers=1,
+            ordered=False,
+            hooks=hooks,
+            budget=budget,
         )

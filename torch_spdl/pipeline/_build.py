@@ -208,9 +208,13 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
             shared.append(node)
         elif isinstance(spec, AggregateConfig):
             aggregator = spec.make_aggregator()
-            node = AggregateStage(name, aggregator, spec.drop_last, inbox, outbox, hooks)
+            node = AggregateStage(
+                name, aggregator, spec.drop_last, inbox, outbox, hooks, budget=shared_budget
+            )
+            shared.append(node)
         elif isinstance(spec, DisaggregateConfig):
-            node = DisaggregateStage(name, inbox, outbox, hooks)
+            node = DisaggregateStage(name, inbox, outbox, hooks, budget=shared_budget)
+            shared.append(node)
         elif isinstance(spec, PipeConfig):
             node = _op_stage(name, spec, workers[i], inbox, outbox, hooks, shared_budget)
             if spec.max_failures is None:
