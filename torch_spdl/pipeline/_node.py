@@ -26,6 +26,12 @@ A failed item is logged once, counted, and dropped; past its ``max_failures`` bu
 node fails the pipeline: the runtime stops everything upstream of it, and the node closes
 its outbox with the failure, so what was already made downstream still reaches the
 consumer ahead of the error.
+
+Why this file is one piece (just under 500 lines): :class:`Node` is the template and
+:class:`OpStage` is its one specialisation that runs a user's op (stage hooks, the surface
+the autotuner and tracer read). The end-of-stream steps that ``OpStage`` overrides
+(``exit_stage_hooks``) are called from the template above it; split, each half would be
+read only beside the other.
 """
 
 from __future__ import annotations
