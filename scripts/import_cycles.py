@@ -1,4 +1,5 @@
-"""Print the import cycles among torch_spdl's modules (exit status 1 if there is one).
+"""Print the import cycles among torch_spdl's modules, and the imports that reach into
+another package's private module (exit status 1 if there is either).
 
 Every ``import`` and ``from ... import`` in a module counts, wherever it stands: at the
 top, inside a function, or under ``if TYPE_CHECKING:``, since a cycle through any of them
@@ -102,6 +103,26 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
+def package_of(root: Path, module: str) -> str:
+    """The package a module belongs to: itself for a package's ``__init__``, else its parent."""
+    path = root.parent.joinpath(*module.split("."))
+    return module if path.is_dir() else module.rpartition(".")[0]
+
+
+def private_crossings(root: Path, graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """``(importer, imported)`` pairs where a module imports a private module (a name with a
+    leading underscore, or anything inside one) of a package other than its own."""
+    found = []
+    for name, targets in graph.items():
+        home = package_of(root, name)
+        for target in targets:
+            there = package_of(root, target)
+            private = any(part.startswith("_") for part in target.split(".")[1:])
+            if there != home and private:
+                found.append((name, target))
+    return sorted(found)
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[0] if argv else Path(__file__).resolve().parent.parent / "torch_spdl")
     graph = build_graph(root.resolve())
@@ -113,7 +134,11 @@ def main(argv: list[str]) -> int:
             inside = sorted(t for t in graph[name] if t in component)
             print(f"    {name} -> {', '.join(inside)}")
     print(f"{len(cycles)} cycle(s)")
-    return 1 if cycles else 0
+    crossings = private_crossings(root.resolve(), graph)
+    for importer, imported in crossings:
+        print(f"private import across packages: {importer} -> {imported}")
+    print(f"{len(crossings)} import(s) of another package's private module")
+    return 1 if cycles or crossings else 0
 
 
 if __name__ == "__main__":

@@ -535,6 +535,28 @@ def test_a_waiting_stage_over_the_budget_at_its_bound_is_scaled_back_to_it() -> 
     assert model.cpu(model.conf, model.throughput()) <= 0.4 * 1.1
 
 
+def test_the_model_step_is_checked_on_short_ticks() -> None:
+    # The step is kept unless it breaks a budget, so its check needs no throughput to beat:
+    # the controller asks for short ticks (check_interval) until it has judged the step,
+    # then goes back to its interval. Over the budget, the scale-back comes after one
+    # settle and measure_ticks short ticks, not after a full window of long ones.
+    model = Costed({"io": latency(200)}, {"io": waits(0.005)}, {"io": 0.0001}, cores=2)
+    config = AutotuneConfig(cpu_budget=0.4, check_interval=0.02)
+    ctl = AutotuneController(config, cores=2)
+    intervals = []
+    for _ in range(12):
+        intervals.append(ctl.interval)
+        for name, n in ctl.step(model.sample()).items():
+            model.conf[name] = n
+        if any(d.startswith("scale io back") for d in ctl.decisions):
+            break
+    jump = intervals.index(config.check_interval)
+    assert intervals[:jump] == [config.model_interval] * jump
+    assert intervals[jump:] == [config.check_interval] * (config.settle_ticks + config.measure_ticks)
+    assert ctl.interval == config.interval
+    assert model.conf["io"] == 39
+
+
 def test_the_model_prices_items_at_the_process_cpu_it_measured() -> None:
     # The op's meter sees 4 us of CPU per item; the process spends 40 us per item (the
     # engine's hops, wake-ups). Once a full window has been measured, the model prices items

@@ -1,4 +1,5 @@
-"""The package's imports run one way: no cycle, ``TYPE_CHECKING`` imports included.
+"""The package's imports run one way: no cycle, ``TYPE_CHECKING`` imports included, and
+no module imports another package's private module.
 
 Checked on the source (``scripts/import_cycles.py``), so a cycle shows up here even when
 it would only bite a type checker or a reader.
@@ -8,17 +9,35 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_no_import_cycle_in_the_package() -> None:
+def _checker() -> Any:
     spec = importlib.util.spec_from_file_location(
         "import_cycles", ROOT / "scripts" / "import_cycles.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    module = _checker()
     graph = module.build_graph(ROOT / "torch_spdl")
     assert "torch_spdl.pipeline._node" in graph  # the walk found the modules
     assert module.strongly_connected(graph) == []
+
+
+def test_no_module_imports_another_packages_private_module() -> None:
+    module = _checker()
+    root = ROOT / "torch_spdl"
+    graph = module.build_graph(root)
+    # the check itself sees a crossing: data importing one of pipeline's private modules
+    planted = {**graph, "torch_spdl.data._epoch": {"torch_spdl.pipeline._channel"}}
+    assert module.private_crossings(root, planted) == [
+        ("torch_spdl.data._epoch", "torch_spdl.pipeline._channel")
+    ]
+    assert module.private_crossings(root, graph) == []

@@ -84,8 +84,14 @@ class AutotuneController:
 
     @property
     def interval(self) -> float:
-        """How long the next tick should be: short while the model measures."""
-        return self.config.model_interval if self.phase == "model" else self.config.interval
+        """How long the next tick should be: short while the model measures, and while
+        its step is checked against the budgets (the check needs no throughput to beat, so
+        a few short ticks tell; a step over the CPU budget is scaled back within 0.1 s)."""
+        if self.phase == "model":
+            return self.config.model_interval
+        if self.phase == "trial" and self._unjudged:
+            return self.config.check_interval
+        return self.config.interval
 
     def held(self) -> dict[str, int]:
         """The configuration to remember: a one-stage trial counts as not taken."""
