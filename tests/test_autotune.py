@@ -552,7 +552,8 @@ def test_the_model_step_is_checked_on_short_ticks() -> None:
             break
     jump = intervals.index(config.check_interval)
     assert intervals[:jump] == [config.model_interval] * jump
-    assert intervals[jump:] == [config.check_interval] * (config.settle_ticks + config.measure_ticks)
+    checked = config.settle_ticks + config.measure_ticks
+    assert intervals[jump:] == [config.check_interval] * checked
     assert ctl.interval == config.interval
     assert model.conf["io"] == 39
 
