@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 
 import pytest
@@ -381,12 +382,19 @@ def _innermost_library_frame(thread_ident: int) -> tuple[object, int] | None:
     return frame, frame.f_lasti
 
 
-@pytest.mark.skipif(
-    signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
-    reason="needs Python's default SIGINT handler",
-)
+@pytest.fixture
+def default_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler for the test (a shell that started the suite in the
+    background leaves SIGINT ignored, and the test interrupts the main thread with it)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("kind", ["sync", "async"])
-def test_keyboard_interrupt_while_blocked_waiting_leaves_no_thread(kind):
+def test_keyboard_interrupt_while_blocked_waiting_leaves_no_thread(kind, default_sigint):
     assert threading.current_thread() is threading.main_thread()
     main_ident = threading.get_ident()
     gate = Gate()
