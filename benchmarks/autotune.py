@@ -4,10 +4,13 @@ Run: ``python benchmarks/autotune.py [--quick] [--only PART]``. Prints figures, 
 nothing. Parts:
 
 1. ``workloads``: for each workload, a sweep of fixed concurrencies (over as many items as
-   the runs it picks for; the median of 3 runs per level at 3,000 items) finds the best one
-   (within the workload's CPU budget); then that best and
-   ``concurrency="auto"`` (a fresh builder each run: nothing learnt) run alternately,
-   ``--repeats`` times each, at 3,000 and 30,000 items, and the medians are compared.
+   the runs it picks for; the median of 3 runs per level at 3,000 items) finds the
+   candidates: the 3 fastest levels (within 1.5 times the workload's CPU budget) and the
+   fastest within the budget. Those and ``concurrency="auto"`` (a fresh builder each run:
+   nothing learnt) then run alternately, ``--repeats`` times each, at 3,000 and 30,000
+   items; the reference is the fastest candidate whose median CPU *in these runs* is within
+   the budget (the CPU of a level moves between runs: on 2 cores it about doubles once the
+   load spreads the threads over both cores), and the medians are compared.
    Rates are whole runs, start-up included (from the first ``next()`` to the last item).
    Per run it prints the CPU used (process CPU over wall time, as a fraction of the cores)
    and the ramp: the time from the start until the rate over the trailing 0.1 s first
@@ -45,8 +48,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine import sync_stages  # noqa: E402  (benchmarks/engine.py, beside us)
 
-from torch_spdl.pipeline import PipelineBuilder  # noqa: E402
-from torch_spdl.pipeline._autotune import DEFAULT_CPU_BUDGET, cpu_count  # noqa: E402
+from torch_spdl.pipeline import AutotuneConfig, PipelineBuilder  # noqa: E402
+
+DEFAULT_CPU_BUDGET = AutotuneConfig().cpu_budget
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (what the CPU budget is a fraction of)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
 
 SINK = 16
 latency = {"s": 0.004}  # the I/O stage of the two-stage pipeline; part 2 changes it
@@ -128,7 +141,7 @@ def workloads() -> list[Workload]:
         Workload(
             "async stage sleeping 5 ms",
             [(sleep_async, "sleep")],
-            [(c,) for c in (32, 64, 128, 192, 256)],
+            [(c,) for c in (32, 64, 128, 160, 192, 224, 256)],
             None,
         ),
         Workload("PIL decode", [(decode, "decode")], [(c,) for c in (1, 2, 3, 4)], 1.0),
@@ -242,34 +255,58 @@ def part_workloads(repeats: int, quick: bool) -> None:
                     + (f"  (median of {rounds})" if rounds > 1 else ""),
                     flush=True,
                 )
-            fits = [(c, r) for c, r in sweep if r.cpu <= w.budget_value * 1.05] or sweep
-            best = max(fits, key=lambda cr: cr[1].rate)[0]
-            print(f"  best fixed within the budget over {n:,} items: {_label(best)}")
+            # The reference is measured beside auto, not taken from the sweep: the CPU a
+            # level costs moves between runs (on 2 cores it about doubles once the load
+            # spreads the threads over both cores, which a sweep climbing level by level
+            # may not trigger), so the best fixed level within the budget is decided on
+            # the CPU measured in these alternating runs.
+            limit = w.budget_value * 1.05
+            fits = [(c, r) for c, r in sweep if r.cpu <= limit] or sweep
+            near = [(c, r) for c, r in sweep if r.cpu <= 1.5 * w.budget_value] or sweep
+            ranked = sorted(near, key=lambda cr: -cr[1].rate)[:3]
+            cands = list(
+                dict.fromkeys([c for c, _ in ranked] + [max(fits, key=lambda cr: cr[1].rate)[0]])
+            )
+            print(f"  candidates, run alternately with auto: {', '.join(_label(c) for c in cands)}")
             print(
                 f"  {'items':>7} {'run':<16} {'items/s':>9} {'CPU':>5} {'ramp s':>7} "
-                f"{'vs best':>8}  (median of {repeats}; range) final auto setting"
+                f"{'vs best':>8}  (median of {repeats}; range; CPU median) final auto setting"
             )
             print(
                 "  (CPU: the most of any run; 'over' marks one more than 10% over the "
                 "budget, the tuner's tolerance band; ramp: 0.10 is the first full 0.1 s "
                 "window)"
             )
-            fixed, auto = [], []
-            for _ in range(repeats):  # alternate: both see the same machine load
-                fixed.append(run_once(w, n, best))
-                auto.append(run_once(w, n, "auto"))
-            mf = statistics.median(r.rate for r in fixed)
-            for label, runs in ((_label(best), fixed), ("auto", auto)):
+            results: dict[Any, list[Run]] = {c: [] for c in [*cands, "auto"]}
+            for i in range(repeats):  # alternate: every run sees the same machine load
+                order = [*cands, "auto"]
+                k = i % len(order)
+                for conc in order[k:] + order[:k]:
+                    results[conc].append(run_once(w, n, conc))
+            within = [
+                c for c in cands if statistics.median(r.cpu for r in results[c]) <= limit
+            ] or [min(cands, key=lambda c: statistics.median(r.cpu for r in results[c]))]
+            best = max(within, key=lambda c: statistics.median(r.rate for r in results[c]))
+            mf = statistics.median(r.rate for r in results[best])
+            for conc, runs in results.items():
+                label = "auto" if conc == "auto" else _label(conc)
+                if conc == best:
+                    label += " (best)"
                 m = statistics.median(r.rate for r in runs)
                 cpu = max(r.cpu for r in runs)
+                cpu_med = statistics.median(r.cpu for r in runs)
                 ramp = statistics.median(r.ramp for r in runs)
                 rng = f"{min(r.rate for r in runs):,.0f}-{max(r.rate for r in runs):,.0f}"
                 over = " over" if cpu > w.budget_value * 1.1 else ""
                 print(
                     f"  {n:>7,} {label:<16} {m:>9,.0f} {cpu:>5.0%}{over} {ramp:>7.2f} "
-                    f"{m / mf:>8.0%}  ({rng}) {runs[len(runs) // 2].final}",
+                    f"{m / mf:>8.0%}  ({rng}; {cpu_med:.0%}) {runs[len(runs) // 2].final}",
                     flush=True,
                 )
+            print(
+                f"  best fixed within the budget, in these runs: {_label(best)}; auto reached "
+                f"{statistics.median(r.rate for r in results['auto']) / mf:.0%} of it"
+            )
         # what was learnt: one builder, built twice
         b = w.builder(range(3000), "auto")
         first, second = run_once(w, 3000, "auto", b), run_once(w, 3000, "auto", b)

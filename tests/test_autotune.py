@@ -554,9 +554,69 @@ def test_the_model_step_is_checked_on_short_ticks() -> None:
     assert intervals[:jump] == [config.model_interval] * jump
     checked = config.settle_ticks + config.measure_ticks
     assert intervals[jump:] == [config.check_interval] * checked
+    assert model.conf["io"] == 39
+    # the scaled-back step is judged on short ticks too; within the budget, it is kept and
+    # the controller goes back to its interval
+    for _ in range(checked):
+        assert ctl.interval == config.check_interval
+        for name, n in ctl.step(model.sample()).items():
+            model.conf[name] = n
+    assert ctl.decisions[-1].startswith("keep the model's step"), ctl.decisions
     assert ctl.interval == config.interval
     assert model.conf["io"] == 39
 
+
+def test_a_scale_back_still_over_the_budget_is_scaled_back_again_on_short_ticks() -> None:
+    # The CPU per item can rise after the first scale-back (on 2 cores it about doubles
+    # once the load spreads the pipeline's threads over both cores, and stays so): the
+    # scaled-back step is judged again on short ticks and scaled back again, before any
+    # full window, then kept within the budget.
+    per_item = {"cpu": 0.0001}
+    model = Costed(
+        {"io": latency(200)},
+        {"io": waits(0.005)},
+        {"io": 0.00001},
+        cores=2,
+        cpu=lambda conf, tput: tput * per_item["cpu"] / 2,
+    )
+    config = AutotuneConfig(cpu_budget=0.4, check_interval=0.02)
+    ctl = AutotuneController(config, cores=2)
+    intervals = []
+    for _ in range(40):
+        intervals.append(ctl.interval)
+        for name, n in ctl.step(model.sample()).items():
+            model.conf[name] = n
+        if any(d.startswith("scale io back") for d in ctl.decisions):
+            per_item["cpu"] = 0.0002  # the threads spread over both cores
+        if any(d.startswith("keep") for d in ctl.decisions):
+            break
+    backs = [d for d in ctl.decisions if d.startswith("scale io back")]
+    assert len(backs) == 2, ctl.decisions
+    first = int(backs[0].split(" (")[0].rsplit(" ", 1)[1])
+    assert backs[0].startswith("scale io back: 64 -> ") and 30 < first < 64
+    assert backs[1].startswith(f"scale io back: {first} -> ")
+    assert config.interval not in intervals  # judged on short ticks all the way
+    assert model.cpu(model.conf, model.throughput()) <= 0.4
+
+
+def test_a_saturated_stage_is_scaled_back_by_littles_law_in_one_step() -> None:
+    # 64 coroutines waiting 5 ms could do 12,800/s, but the event loop saturates at
+    # 8,000/s: over the budget, the workers are cut to what the affordable rate needs
+    # (Little's law at 6,000/s x 5 ms = 30), not by the ratio of CPU to budget (48, whose
+    # rate and CPU would be the same as at 64).
+    model = Costed(
+        {"io": lambda c: min(200 * c, 8000)},
+        {"io": waits(0.005)},
+        {"io": 0.00001},
+        cores=2,
+        cpu=lambda conf, tput: tput * 0.00005 / 2,
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.15), cores=2)
+    run(ctl, model, 30)
+    backs = [d for d in ctl.decisions if d.startswith("scale io back")]
+    assert len(backs) == 1 and backs[0].startswith("scale io back: 64 -> 30"), ctl.decisions
+    assert model.conf["io"] >= 30
+    assert model.cpu(model.conf, model.throughput()) <= 0.15 * 1.1
 
 def test_the_model_prices_items_at_the_process_cpu_it_measured() -> None:
     # The op's meter sees 4 us of CPU per item; the process spends 40 us per item (the

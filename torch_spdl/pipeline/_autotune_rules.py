@@ -334,7 +334,7 @@ class AutotuneController:
         within = cpu <= self.config.cpu_budget and not self._over_memory(rss)
         if jump and not self._over_memory(rss):
             if self._over(cpu, rss):
-                return self._scale_back(trial, tput, cpu)
+                return self._scale_back(trial, tput, cpu, recheck=unjudged)
             within = True  # the model's step may use the tolerance band, as a held one does
             if unjudged:  # its base was a few short ticks: noise, not a rate to beat
                 gain = max(gain, self.config.min_gain * 2)
@@ -355,6 +355,14 @@ class AutotuneController:
                     self._ceiling = {k: v for k, v in self._ceiling.items() if k == name}
             self._trimmed.clear()
             self.phase = "baseline"
+            if unjudged:
+                # A few short ticks catch a step that is over the budget at once, not one
+                # that drifts over it as the pipeline settles (on 2 cores, threads sharing
+                # one core hand the GIL over cheaply until the scheduler moves one to the
+                # other core, and the CPU per item doubles). So the next full window is the
+                # step's baseline and its second judgment: over the budget there, it is
+                # scaled down at once, not after two held windows.
+                return {}
             return self._decide(cpu, rss, latest)
         if within:
             why = f"gain {gain:+.0%}"
@@ -382,17 +390,23 @@ class AutotuneController:
         return {**revert, **following}
 
     def _scale_back(
-        self, trial: dict[str, tuple[int, int]], tput: float, cpu: float
+        self, trial: dict[str, tuple[int, int]], tput: float, cpu: float, *, recheck: bool
     ) -> dict[str, int]:
         """The model's step went over the CPU budget: scale the grown stages down by the
-        excess (the CPU of a stage is about proportional to its workers), keep the rest."""
+        excess (the CPU of a stage is about proportional to its workers), keep the rest.
+
+        With ``recheck`` (the step was judged on short ticks), the scaled-back step is
+        judged again the same way: the CPU per item is not proportional everywhere (on 2
+        cores it about doubles once the load spreads the pipeline's threads over both
+        cores), and a scale-back that is still over the budget is scaled back again within
+        a tenth of a second, not after a full window."""
         ratio = self.config.cpu_budget / cpu
         changes: dict[str, int] = {}
         for name, (old, new) in trial.items():
             if new <= old:
                 continue
-            n = max(old, min(new - 1, math.floor(new * ratio)))
-            self._ceiling[name] = min(new, self._ceiling.get(name, new))
+            n = max(old, min(new - 1, self._affordable(name, new, ratio)))
+            self._ceiling[name] = min(new, self._ceiling.get(name, new), _above(n))
             self._unmodelled.add(name)
             if n != new:
                 changes[name] = n
@@ -404,7 +418,25 @@ class AutotuneController:
                 )
         self._base = tput * ratio
         self.phase = "baseline"
+        if changes and recheck:
+            self._trial = {name: (trial[name][0], n) for name, n in changes.items()}
+            self._jump = self._unjudged = True
+            self.phase = "trial"
         return self._apply(changes)
+
+    def _affordable(self, name: str, workers: int, ratio: float) -> int:
+        """How many workers of stage ``name``, now at ``workers``, keep its CPU at
+        ``ratio`` times what it is: the workers scaled by the ratio, or fewer where Little's
+        law at ``ratio`` times the stage's last measured rate asks for fewer (the CPU goes
+        with the rate, and a stage whose rate stopped growing with its workers, because the
+        event loop or the GIL is saturated, needs far fewer of them than the ratio says)."""
+        n = math.floor(workers * ratio)
+        if self._last:
+            c = next((c for c in self._costs(self._last)[0] if c.name == name), None)
+            wall = c.least_wall or c.wall if c is not None else None
+            if c is not None and wall and c.rate > 0:
+                n = min(n, math.ceil(c.rate * ratio * wall - 1e-9))
+        return n
 
     def _shrink(self, cpu: float, rss: int | None, latest: AutotuneSample) -> dict[str, int]:
         """Over the CPU budget or memory limit: undo the newest kept growth; without one,
@@ -430,10 +462,13 @@ class AutotuneController:
             top = max(tunable, key=load)
             name = top.name
             cur = self._conc.get(name, top.concurrency)
-            factor = 0.5 if memory or cpu <= 0 else self.config.cpu_budget / cpu
-            prev = max(top.min_concurrency, 1, min(cur - 1, math.floor(cur * factor)))
+            if memory or cpu <= 0:
+                fewer = cur // 2
+            else:
+                fewer = self._affordable(name, cur, self.config.cpu_budget / cpu)
+            prev = max(top.min_concurrency, 1, min(cur - 1, fewer))
         cur = self._conc.get(name, prev)
-        self._ceiling[name] = min(cur, self._ceiling.get(name, cur))
+        self._ceiling[name] = min(cur, self._ceiling.get(name, cur), _above(prev))
         self._note(f"shrink {name}: {cur} -> {prev} (over budget: {what})", name, prev)
         self.phase = "baseline"
         return self._apply({name: prev})
@@ -476,3 +511,13 @@ class AutotuneController:
             return {}
         self.phase = "baseline"
         return self._decide(cpu, rss, latest)
+
+
+def _above(n: int) -> int:
+    """The ceiling of a stage brought down to ``n`` workers for a budget: the climb may
+    try a quarter more (the bisection's one step towards half more), not the way back up
+    to where it was over. Its CPU per item is not proportional to its workers (on 2 cores
+    it about doubles once the load spreads the pipeline's threads over both cores), so
+    what lies above that was over the budget when measured, and a trial there would
+    spend a whole window over it again."""
+    return max(n + 2, n + n // 2)

@@ -206,8 +206,10 @@ class ObservedChannel(Channel[Any]):
 
     __slots__ = ("observer",)
 
-    def __init__(self, capacity: int, name: str, observer: AsyncQueue) -> None:
-        super().__init__(capacity, name)
+    def __init__(
+        self, capacity: int, name: str, observer: AsyncQueue, *, refill_at: int | None = None
+    ) -> None:
+        super().__init__(capacity, name, refill_at=refill_at)
         self.observer = observer
 
     def put(self, item: Any) -> None:
