@@ -398,7 +398,7 @@ def small_buffer_cases(draw: Any) -> Case:
         async_source=draw(st.booleans()),
         stages=draw(stage_lists(orders=("input",))),
         num_threads=draw(st.sampled_from([None, 1, 2])),
-        queue_size=draw(st.sampled_from([None, 1, 1, 2])),
+        queue_size=draw(st.sampled_from([None, 1, 1, 2, 5])),  # 5: the source refills at 2
         buffer_size=draw(st.sampled_from([0, 1, 1, 2])),
     )
 
