@@ -845,9 +845,7 @@ def test_infinite_source_with_blocked_stage_stays_bounded(kind):
         .add_sink(sink)
         .build(queue_size=q)
     )
-    # every worker holding one, the queue after the source full, and the source's own queue
-    # more than half full (its thread is woken to refill it once it is half empty)
-    saturated = 1 + (q // 2 + 1) + conc1 + q + conc2
+    saturated = 1 + q + conc1 + q + conc2  # every queue full, every worker holding one
     bound = 2 * q + conc1 + conc2 + sink + 1
     try:
         pipeline.start()

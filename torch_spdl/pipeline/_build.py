@@ -170,9 +170,12 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
         # batches sized for 64 workers would hold 128 batches
         sized = min(workers[i], 4) if isinstance(spec, PipeConfig) and spec.auto else workers[i]
         capacity = own or options.queue_size or queue_capacity(sized, batched=depth > 0)
-        # The source's thread is woken to refill its queue once it is half empty, not at
-        # every get: its keys are cheap, and a hand-off per key costs a thread switch.
-        refill = capacity // 2 if i == 0 else None
+        # A source feeding coroutines is woken to refill its queue once it is half empty,
+        # not at every get: each wake is the event loop handing the GIL to the source's
+        # thread, which stalls every coroutine; worker threads of a sync stage share the
+        # GIL with the source anyway, and there a source kept waiting risks starving them.
+        coroutines = isinstance(spec, PipeConfig) and spec.kind.is_async
+        refill = capacity // 2 if i == 0 and coroutines else None
         channels.append(new_channel(capacity, f"{i + 1}:{spec.label()} input", refill))
         if isinstance(spec, AggregateConfig):
             depth += 1

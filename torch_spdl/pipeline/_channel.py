@@ -8,10 +8,10 @@ on the other side. Coroutines woken from their own loop's thread are resumed dir
 only a cross-thread wake pays for ``call_soon_threadsafe``.
 
 A producer blocked on a full channel is woken by the get that leaves at most ``refill_at``
-items (by default, the first get that makes room). The source's channel wakes its thread
-only once it is half empty: a source of cheap keys feeding fast consumers would otherwise
-switch threads (and hand the GIL over) once per item, which at tens of thousands of items
-a second was a third of the process's CPU; woken at half, it refills in bursts.
+items (by default, the first get that makes room). A source feeding coroutines is woken
+only once its channel is half empty: the loop would otherwise hand the GIL to the source's
+thread once per key, which at tens of thousands of items a second was a third of the
+process's CPU; woken at half, it refills in bursts.
 """
 
 from __future__ import annotations
