@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["HOP_CPU_S", "WAITS", "StageCost", "Target", "model_targets"]
+__all__ = ["HOP_CPU_S", "WAITS", "StageCost", "Target", "model_targets", "process_hop"]
 
 # The engine's own CPU per item per stage (take, hand off, count), beyond what the op's
 # meter sees: on the 2-core development machine a 5 ms sleeping stage uses 16-25 us of
@@ -82,6 +82,7 @@ def model_targets(
     sink_occupancy: float = 0.0,
     hop_cpu: float = HOP_CPU_S,
     price_process: bool = True,
+    cheapest_hop: float = math.inf,
 ) -> dict[str, Target]:
     """``{stage: target}`` for the tunable stages the model can size.
 
@@ -93,6 +94,8 @@ def model_targets(
         price_process: price the CPU the process used beyond the ops per item (at
             least ``hop_cpu`` per stage); False at start-up, when that CPU is the pipeline
             starting, and ``hop_cpu`` alone is used.
+        cheapest_hop: the least that CPU per item was measured at in earlier windows
+            (:func:`process_hop`); the price is never above it.
     """
     known = [c for c in costs if c.rate > 0 and c.wall]
     if not known:
@@ -105,9 +108,12 @@ def model_targets(
         # items a second the engine's hops and the op's wake-ups are most of it, and they
         # grow with the rate. The CPU outside the pipeline (a training loop) then counts
         # as growing with the rate too, which errs towards staying within the budget.
-        in_ops = sum(c.rate * (c.cpu or 0.0) for c in known)
-        hops = sum(c.rate for c in known)
-        hop_cpu = max(hop_cpu, (cpu_used - in_ops) / hops)
+        # Priced at the least measured so far: the engine's cost per item falls as the
+        # rate rises (wake-ups amortise), while a window whose throughput collapsed (the
+        # storage got slower) spreads the process's fixed costs over few items and would
+        # price them several times too high, sizing every stage too small to recover.
+        measured = process_hop(known, cpu_used)
+        hop_cpu = max(hop_cpu, min(measured, cheapest_hop))
     # At start-up the op CPU of a stage that only waits is not trusted: its first calls run
     # cold, at several times their steady cost (a coroutine sleeping 5 ms: 20 us a call,
     # then 4), and that is all it costs; priced so, it would be sized at half of what the
@@ -183,6 +189,17 @@ def model_targets(
         n = max(1, min(c.bound, math.ceil(1.25 * flow[c.name] * rate * c.wall)))
         out[c.name] = Target(n, f"{reason}; {why}; Little's law with 25% spare: {n}")
     return out
+
+
+def process_hop(costs: Sequence[StageCost], cpu_used: float) -> float:
+    """The process's CPU beyond what the ops used, per stage item, over a window (``inf``
+    when no item went through)."""
+    known = [c for c in costs if c.rate > 0 and c.wall]
+    hops = sum(c.rate for c in known)
+    if not hops:
+        return math.inf
+    in_ops = sum(c.rate * (c.cpu or 0.0) for c in known)
+    return max(0.0, cpu_used - in_ops) / hops
 
 
 def _waits(c: StageCost, budget: float) -> bool:

@@ -36,7 +36,7 @@ from ._autotune_config import (
     Decision,
     StageSample,
 )
-from ._autotune_model import StageCost, model_targets
+from ._autotune_model import StageCost, model_targets, process_hop
 from ._autotune_probes import cpu_count
 
 __all__ = ["AutotuneController"]
@@ -72,6 +72,7 @@ class AutotuneController:
         self._conc: dict[str, int] = {}
         self._floor: dict[str, int] = {}
         self._least_wall: dict[str, float] = {}  # per stage, over the model's windows
+        self._cheapest_hop = math.inf  # the process's CPU per item beyond the ops, least seen
         self._drifted = 0
         self._over_windows = 0
         self.decisions: list[str] = []  # what was decided and why, as text
@@ -202,12 +203,15 @@ class AutotuneController:
         self, window: list[AutotuneSample], *, start: bool = False
     ) -> dict[str, tuple[int, str]]:
         costs, cpu_cores = self._costs(window)
+        if not start:
+            self._cheapest_hop = min(self._cheapest_hop, process_hop(costs, cpu_cores))
         targets = model_targets(
             costs,
             cpu_used=cpu_cores,
             budget=self.config.cpu_budget * self.cores,
             sink_occupancy=window[-1].stages[-1].out_occupancy if window[-1].stages else 0.0,
             price_process=not start,
+            cheapest_hop=self._cheapest_hop,
         )
         out = {}
         for name, (n, why) in targets.items():
@@ -392,8 +396,8 @@ class AutotuneController:
     def _scale_back(
         self, trial: dict[str, tuple[int, int]], tput: float, cpu: float, *, recheck: bool
     ) -> dict[str, int]:
-        """The model's step went over the CPU budget: scale the grown stages down by the
-        excess (the CPU of a stage is about proportional to its workers), keep the rest.
+        """The model's step went over the CPU budget: bring the grown stages down to what
+        the budget pays for (:meth:`_affordable`), keep the rest.
 
         With ``recheck`` (the step was judged on short ticks), the scaled-back step is
         judged again the same way: the CPU per item is not proportional everywhere (on 2
@@ -467,6 +471,7 @@ class AutotuneController:
             else:
                 fewer = self._affordable(name, cur, self.config.cpu_budget / cpu)
             prev = max(top.min_concurrency, 1, min(cur - 1, fewer))
+            self._unmodelled.add(name)  # the model sized it over the budget: climb only
         cur = self._conc.get(name, prev)
         self._ceiling[name] = min(cur, self._ceiling.get(name, cur), _above(prev))
         self._note(f"shrink {name}: {cur} -> {prev} (over budget: {what})", name, prev)
