@@ -153,7 +153,9 @@ def model_targets(
             # The cores the budget allows, from the share seen least contended: threads that
             # wait for a core look less busy, and more of them would only wait longer.
             assert c.cpu is not None
-            top = max(share, c.cpu / c.least_wall if c.least_wall else share)
+            # A thread uses at most one core: a share above 1 is the clocks' granularity,
+            # and would cost a worker (budget 2 cores / 1.02 = 1).
+            top = min(1.0, max(share, c.cpu / c.least_wall if c.least_wall else share))
             cap = max(1, math.floor(budget / top + 1e-9))
             if cap < n:
                 n, why = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"

@@ -183,7 +183,11 @@ class AutotuneController:
             busy = sum(w.stages[i].busy for w in window)
             cpus = [w.stages[i].cpu_busy for w in window]
             cpu = None if any(c is None for c in cpus) or not items else sum(cpus) / items  # type: ignore[arg-type]
-            if items and s.measured:
+            # The meter's totals are scaled from its sampled calls, and the scale moves as
+            # workers pass their first calls: over a short window the difference can come
+            # out at zero or below. Such a window measured nothing for this stage.
+            measured = s.measured and items > 0 and busy > 0 and (cpu is None or cpu >= 0)
+            if measured:
                 least[s.name] = min(least.get(s.name, math.inf), busy / items)
             costs.append(
                 StageCost(
@@ -191,9 +195,9 @@ class AutotuneController:
                     tunable=s.tunable,
                     concurrency=self._conc.get(s.name, s.concurrency),
                     bound=s.max_concurrency,
-                    rate=items / total if s.measured else 0.0,
-                    wall=busy / items if items and s.measured else None,
-                    cpu=cpu if s.measured else None,
+                    rate=items / total if measured else 0.0,
+                    wall=busy / items if measured else None,
+                    cpu=cpu if measured else None,
                     least_wall=least.get(s.name),
                 )
             )
