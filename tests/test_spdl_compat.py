@@ -909,6 +909,28 @@ def test_a_background_task_lives_from_start_to_stop():
     assert cancelled.is_set()
 
 
+def test_a_background_task_takes_its_first_step_before_any_item_moves():
+    # A short pipeline of sync stages could finish before the event loop ran its
+    # background tasks at all (a queue class's stage hooks were once never entered, under
+    # load); start() now lets each take its first step before the stages start.
+    from torch_spdl.pipeline import BackgroundTask
+
+    order: list = []
+
+    class First(BackgroundTask):
+        async def run(self):
+            order.append("background")
+
+    def op(x):
+        order.append("op")
+        return x
+
+    pipeline = PipelineBuilder().add_source(range(3)).pipe(op).add_sink(0)
+    with pipeline.build(background_tasks=[First]).auto_stop() as running:
+        assert list(running) == [0, 1, 2]
+    assert order[0] == "background", order
+
+
 def test_a_failing_background_task_is_logged_and_the_pipeline_goes_on(caplog):
     from torch_spdl.pipeline import BackgroundTask
 

@@ -61,6 +61,8 @@ class Runtime:
         self._task_factories: list[Callable[[], Coroutine[Any, Any, None]]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main_task: asyncio.Task[Any] | None = None
+        # set once every background task has taken its first step (see _run_loop)
+        self._background_started = threading.Event()
         self._lock = threading.Lock()
         self._starting = threading.RLock()
         self._state = "new"
@@ -115,9 +117,16 @@ class Runtime:
                 self._loop.set_default_executor(
                     ThreadPoolExecutor(thread_name_prefix="torch_spdl_async")
                 )
-                self._threads.append(
-                    threading.Thread(target=self._run_loop, name="torch_spdl-loop", daemon=True)
+                loop_thread = threading.Thread(
+                    target=self._run_loop, name="torch_spdl-loop", daemon=True
                 )
+                self._threads.append(loop_thread)
+                if self._background:
+                    # Background tasks (a queue class's stage hooks among them) take their
+                    # first step before any item moves: a short pipeline's threads could
+                    # otherwise finish before the loop ran them at all.
+                    loop_thread.start()
+                    self._background_started.wait()
             if self._reporter is not None:
                 self._threads.append(self._reporter.thread)
             if self._autotuner is not None:
@@ -128,7 +137,8 @@ class Runtime:
             with self._lock:  # start_thread may append while these start
                 threads = list(self._threads)
             for thread in threads:
-                thread.start()
+                if thread.ident is None:  # the loop's may have started already
+                    thread.start()
 
     def _run_loop(self) -> None:
         loop = self._loop
@@ -138,11 +148,17 @@ class Runtime:
         async def main() -> None:
             self._main_task = asyncio.current_task()
             if self._state != "running":
+                self._background_started.set()
                 return
             background = [
                 asyncio.create_task(run_background(f), name=f"torch_spdl-background-{i}")
                 for i, f in enumerate(self._background)
             ]
+            try:
+                if background:
+                    await asyncio.sleep(0)  # each runs up to its first await
+            finally:
+                self._background_started.set()  # start() goes on, whatever happened
             try:
                 await asyncio.gather(*(factory() for factory in self._task_factories))
                 if background:  # they live until stop() cancels this task
@@ -164,6 +180,7 @@ class Runtime:
                 exc = wrapped
             self.fail(exc)
         finally:
+            self._background_started.set()  # never leave start() waiting
             try:
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
