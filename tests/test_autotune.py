@@ -536,6 +536,15 @@ def test_a_waiting_stage_over_the_budget_at_its_bound_is_scaled_back_to_it() -> 
     assert model.cpu(model.conf, model.throughput()) <= 0.4 * 1.1
 
 
+def tick(ctl: AutotuneController, model: Model) -> float:
+    """Feed one sample and apply the answer; return the tick length the controller asked
+    for before it (what the sampler thread would have slept)."""
+    interval = ctl.interval
+    for name, n in ctl.step(model.sample()).items():
+        model.conf[name] = n
+    return interval
+
+
 def test_the_model_step_is_checked_on_short_ticks() -> None:
     # The step is kept unless it breaks a budget, so its check needs no throughput to beat:
     # the controller asks for short ticks (check_interval) until it has judged the step,
@@ -546,9 +555,7 @@ def test_the_model_step_is_checked_on_short_ticks() -> None:
     ctl = AutotuneController(config, cores=2)
     intervals = []
     for _ in range(12):
-        intervals.append(ctl.interval)
-        for name, n in ctl.step(model.sample()).items():
-            model.conf[name] = n
+        intervals.append(tick(ctl, model))
         if any(d.startswith("scale io back") for d in ctl.decisions):
             break
     jump = intervals.index(config.check_interval)
@@ -559,9 +566,7 @@ def test_the_model_step_is_checked_on_short_ticks() -> None:
     # the scaled-back step is judged on short ticks too; within the budget, it is kept and
     # the controller goes back to its interval
     for _ in range(checked):
-        assert ctl.interval == config.check_interval
-        for name, n in ctl.step(model.sample()).items():
-            model.conf[name] = n
+        assert tick(ctl, model) == config.check_interval
     assert ctl.decisions[-1].startswith("keep the model's step"), ctl.decisions
     assert ctl.interval == config.interval
     assert model.conf["io"] == 39
@@ -584,9 +589,7 @@ def test_a_scale_back_still_over_the_budget_is_scaled_back_again_on_short_ticks(
     ctl = AutotuneController(config, cores=2)
     intervals = []
     for _ in range(40):
-        intervals.append(ctl.interval)
-        for name, n in ctl.step(model.sample()).items():
-            model.conf[name] = n
+        intervals.append(tick(ctl, model))
         if any(d.startswith("scale io back") for d in ctl.decisions):
             per_item["cpu"] = 0.0002  # the threads spread over both cores
         if any(d.startswith("keep") for d in ctl.decisions):
@@ -618,6 +621,7 @@ def test_a_saturated_stage_is_scaled_back_by_littles_law_in_one_step() -> None:
     assert len(backs) == 1 and backs[0].startswith("scale io back: 64 -> 30"), ctl.decisions
     assert model.conf["io"] >= 30
     assert model.cpu(model.conf, model.throughput()) <= 0.15 * 1.1
+
 
 def test_the_model_prices_items_at_the_process_cpu_it_measured() -> None:
     # The op's meter sees 4 us of CPU per item; the process spends 40 us per item (the
@@ -953,8 +957,7 @@ def test_a_window_whose_costs_difference_below_zero_measures_nothing() -> None:
     bad = dataclasses.replace(
         good,
         stages=tuple(
-            dataclasses.replace(s, busy=-s.busy, cpu_busy=-(s.cpu_busy or 0.0))
-            for s in good.stages
+            dataclasses.replace(s, busy=-s.busy, cpu_busy=-(s.cpu_busy or 0.0)) for s in good.stages
         ),
     )
     for _ in range(AutotuneConfig().model_ticks):

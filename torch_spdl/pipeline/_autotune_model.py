@@ -105,13 +105,13 @@ def model_targets(
     if price_process:
         # The process's CPU beyond what the ops used is priced per item too (spread over
         # the stages' items), never below the engine's own cost: at tens of thousands of
-        # items a second the engine's hops and the op's wake-ups are most of it, and they
-        # grow with the rate. The CPU outside the pipeline (a training loop) then counts
-        # as growing with the rate too, which errs towards staying within the budget.
-        # Priced at the least measured so far: the engine's cost per item falls as the
-        # rate rises (wake-ups amortise), while a window whose throughput collapsed (the
-        # storage got slower) spreads the process's fixed costs over few items and would
-        # price them several times too high, sizing every stage too small to recover.
+        # items a second the engine's hops and the op's wake-ups are most of it. The CPU
+        # outside the pipeline (a training loop) is priced per item too, which errs
+        # towards staying within the budget. The price is the least measured so far: the
+        # engine's cost per item falls as the rate rises (wake-ups amortise), while a
+        # window whose throughput collapsed (the storage got slower) spreads the
+        # process's fixed costs over few items and would price them several times too
+        # high, sizing every stage too small to recover.
         measured = process_hop(known, cpu_used)
         hop_cpu = max(hop_cpu, min(measured, cheapest_hop))
     # At start-up the op CPU of a stage that only waits is not trusted: its first calls run

@@ -148,8 +148,7 @@ class Runtime:
         async def main() -> None:
             self._main_task = asyncio.current_task()
             if self._state != "running":
-                self._background_started.set()
-                return
+                return  # _run_loop's finally releases start()
             background = [
                 asyncio.create_task(run_background(f), name=f"torch_spdl-background-{i}")
                 for i, f in enumerate(self._background)
