@@ -549,7 +549,7 @@ def test_the_model_step_is_checked_on_short_ticks() -> None:
     # The step is kept unless it breaks a budget, so its check needs no throughput to beat:
     # the controller asks for short ticks (check_interval) until it has judged the step,
     # then goes back to its interval. Over the budget, the scale-back comes after one
-    # settle and measure_ticks short ticks, not after a full window of long ones.
+    # settle and check_ticks short ticks, not after a full window of long ones.
     model = Costed({"io": latency(200)}, {"io": waits(0.005)}, {"io": 0.0001}, cores=2)
     config = AutotuneConfig(cpu_budget=0.4, check_interval=0.02)
     ctl = AutotuneController(config, cores=2)
@@ -560,7 +560,7 @@ def test_the_model_step_is_checked_on_short_ticks() -> None:
             break
     jump = intervals.index(config.check_interval)
     assert intervals[:jump] == [config.model_interval] * jump
-    checked = config.settle_ticks + config.measure_ticks
+    checked = config.settle_ticks + config.check_ticks
     assert intervals[jump:] == [config.check_interval] * checked
     assert model.conf["io"] == 39
     # the scaled-back step is judged on short ticks too; within the budget, it is kept and
@@ -621,6 +621,26 @@ def test_a_saturated_stage_is_scaled_back_by_littles_law_in_one_step() -> None:
     assert len(backs) == 1 and backs[0].startswith("scale io back: 64 -> 30"), ctl.decisions
     assert model.conf["io"] >= 30
     assert model.cpu(model.conf, model.throughput()) <= 0.15 * 1.1
+
+
+def test_a_climb_near_the_budget_tries_the_headroom_not_a_quarter_more() -> None:
+    # 64 coroutines waiting 5 ms cost 100 us of process CPU per item (64% of 2 cores) and
+    # are scaled back to 40, where an item costs 85 us (34%: the CPU per item is not
+    # proportional). The budget (40%) has room for 47 there. The bisection's quarter more
+    # (50) would be over it (42.5%), be reverted, and leave the stage at 40; the climb
+    # tries what the budget pays for instead, and keeps it.
+    def cpu(conf: dict[str, int], tput: float) -> float:
+        per_item = 0.0001 if conf["io"] >= 60 else 0.000085
+        return tput * per_item / 2
+
+    model = Costed({"io": latency(200)}, {"io": waits(0.005)}, {"io": 0.00001}, cores=2, cpu=cpu)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    history = run(ctl, model, 60)
+    assert any(d.startswith("scale io back: 64 -> 40") for d in ctl.decisions), ctl.decisions
+    assert any(d.startswith("try io: 40 -> 47") for d in ctl.decisions), ctl.decisions
+    assert not any(d.startswith("revert") for d in ctl.decisions), ctl.decisions
+    assert all(h["io"] == 47 for h in history[-20:])
+    assert cpu(model.conf, model.throughput()) <= 0.4
 
 
 def test_the_model_prices_items_at_the_process_cpu_it_measured() -> None:

@@ -90,16 +90,9 @@ class AsyncStage(OpStage):
             self._parked.append(fut)
             await fut
 
-    async def _gated_get(self, index: int) -> Any:
-        # Checked here too: awaiting _gate would make a coroutine for every item.
-        if index >= self._concurrency:
-            await self._gate(index)
-        return await self.inbox.aget()
-
     async def _work(self, index: int) -> None:
         self._loop = asyncio.get_running_loop()
         counters = self.new_counters()
-        aget = partial(self._gated_get, index) if self.tunable else self.inbox.aget
         op = self.op
         if self.hooks:
             op = hooked_async(op, self.hooks, generator=self.kind is OpKind.ASYNC_GEN)
@@ -107,9 +100,9 @@ class AsyncStage(OpStage):
             op = self.tracer.wrap_async(self, index, op, generator=self.kind is OpKind.ASYNC_GEN)
         try:
             if self.ordered or self.kind is OpKind.ASYNC_GEN:
-                await self._run_general(counters, aget, op)
+                await self._run_general(counters, index, op)
             else:
-                await self._run_fast(counters, aget, op)
+                await self._run_fast(counters, index, op)
         except ChannelAborted:
             pass
         except Exception as exc:
@@ -122,9 +115,14 @@ class AsyncStage(OpStage):
             self._released = True
             self._wake_parked()
 
-    async def _run_fast(self, counters: Any, aget: Any, op: Any) -> None:
-        aput, clock = self.outbox.aput, time.perf_counter
+    # The gate is checked inline, before each get: awaiting a helper that checks it would
+    # make a coroutine object per item (about a microsecond each at 40,000 items a second).
+    async def _run_fast(self, counters: Any, index: int, op: Any) -> None:
+        aget, aput, clock = self.inbox.aget, self.outbox.aput, time.perf_counter
+        gated = self.tunable
         while True:
+            if gated and index >= self._concurrency:
+                await self._gate(index)
             item = await aget()
             if item is EOF:
                 return
@@ -146,14 +144,17 @@ class AsyncStage(OpStage):
                 await aput(out)
                 counters.num_out += 1
 
-    async def _run_general(self, counters: Any, aget: Any, op: Any) -> None:
-        aput, clock = self.outbox.aput, time.perf_counter
+    async def _run_general(self, counters: Any, index: int, op: Any) -> None:
+        aget, aput, clock = self.inbox.aget, self.outbox.aput, time.perf_counter
+        gated = self.tunable
         if self.ordered and self._window is None:
             self._window = asyncio.Semaphore(self.window)
         window, ordered, is_gen = self._window, self.ordered, self.kind is OpKind.ASYNC_GEN
         while True:
             if window is not None:
                 await window.acquire()
+            if gated and index >= self._concurrency:
+                await self._gate(index)
             item = await aget()
             if item is EOF:
                 if window is not None:

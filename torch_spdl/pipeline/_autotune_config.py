@@ -47,9 +47,11 @@ class AutotuneConfig:
     ``bottleneck_margin``. The model step ticks every ``model_interval`` seconds until each
     autotuned stage has finished ``model_items`` items (at most ``model_ticks`` ticks);
     ``model=False`` skips it (hill-climbing only, as before the model existed). The
-    window that judges a model step ticks every ``check_interval`` seconds: the step is
-    kept unless it goes over a budget, and a short window finds that out before a short
-    epoch is over (at the default, 80 ms after the step instead of 400).
+    window that judges a model step is ``check_ticks`` ticks of ``check_interval``
+    seconds (after ``settle_ticks`` of them): the step is kept unless it goes over a
+    budget, and a short window finds that out before a short epoch is over (at the
+    default, 30 ms after the step instead of 400: a run of 3,000 items at 40,000/s lasts
+    75 ms).
     """
 
     cpu_budget: float = DEFAULT_CPU_BUDGET
@@ -67,7 +69,8 @@ class AutotuneConfig:
     model_items: int = 2
     model_ticks: int = 30
     remodel_factor: float = 1.25
-    check_interval: float = 0.02
+    check_interval: float = 0.01
+    check_ticks: int = 2
 
     def __post_init__(self) -> None:
         if not 0 < self.cpu_budget <= 1:
@@ -85,8 +88,8 @@ class AutotuneConfig:
                 f"(model_interval {self.model_interval!r}, "
                 f"check_interval {self.check_interval!r})"
             )
-        if self.measure_ticks < 1 or self.settle_ticks < 0:
-            raise ValueError("measure_ticks must be >= 1 and settle_ticks >= 0")
+        if self.measure_ticks < 1 or self.check_ticks < 1 or self.settle_ticks < 0:
+            raise ValueError("measure_ticks and check_ticks must be >= 1, settle_ticks >= 0")
         if self.model_items < 1 or self.model_ticks < 1:
             raise ValueError("model_items and model_ticks must be >= 1")
 

@@ -115,7 +115,9 @@ class AutotuneController:
             self._skip -= 1
             return {}
         self._window.append(sample)
-        if len(self._window) < self.config.measure_ticks:
+        checking = self.phase == "trial" and self._unjudged
+        needed = self.config.check_ticks if checking else self.config.measure_ticks
+        if len(self._window) < needed:
             return {}
         window, self._window = self._window, []
         self._last = window
@@ -257,7 +259,7 @@ class AutotuneController:
             grow = self._model_growth()
             if grow:
                 return grow
-        proposal = self._propose(latest) or self._propose_trim(latest)
+        proposal = self._propose(latest, cpu) or self._propose_trim(latest)
         if proposal is None:
             return self._hold()
         name, old, new = proposal
@@ -309,8 +311,15 @@ class AutotuneController:
         cur = self._conc.get(s.name, s.concurrency)
         return s.name, cur, max(s.min_concurrency, cur - max(1, cur // 4))
 
-    def _propose(self, latest: AutotuneSample) -> tuple[str, int, int] | None:
-        """The bottleneck among tunable stages and the concurrency to try for it."""
+    def _propose(self, latest: AutotuneSample, cpu: float) -> tuple[str, int, int] | None:
+        """The bottleneck among tunable stages and the concurrency to try for it.
+
+        A growth is never tried beyond what the CPU budget pays for at the CPU per item
+        just measured (:meth:`_affordable`): a trial predicted over the budget would be
+        reverted for it, at the cost of a window, and the stage's ceiling would be left
+        far above where the budget really binds. Near the budget the trial is then the
+        headroom's worth (a stage at 35% of a 40% budget tries about a seventh more, not
+        the bisection's quarter), and it is kept if it fits."""
         margin = self.config.bottleneck_margin
         best: StageSample | None = None
         for s in latest.stages:
@@ -331,6 +340,10 @@ class AutotuneController:
             new = cur + (ceiling - cur) // 2  # bisect towards what did not help
             if new <= cur or (ceiling - cur) * 4 <= cur:
                 return None  # saturated: the bottleneck cannot usefully grow
+        if cpu > 0:
+            new = min(new, self._affordable(best.name, cur, self.config.cpu_budget / cpu))
+            if new <= cur:
+                return None  # the budget pays for no more of it
         return best.name, cur, min(new, best.max_concurrency)
 
     def _judge(
