@@ -643,6 +643,24 @@ def test_a_climb_near_the_budget_tries_the_headroom_not_a_quarter_more() -> None
     assert cpu(model.conf, model.throughput()) <= 0.4
 
 
+def test_a_stage_whose_fewer_workers_could_not_keep_up_is_not_trimmed() -> None:
+    # A fixed stage downstream does 3,800/s; the waiting stage upstream is sized for it
+    # with a quarter to spare (24 workers at 5 ms: 4,800/s). It is not the bottleneck, but
+    # a quarter fewer (18: 3,600/s) could not keep up: Little's law says so, and no
+    # trial is spent on it.
+    model = Costed(
+        {"io": latency(200), "cpu": flat(3800)},
+        {"io": waits(0.005), "cpu": waits(1 / 3800)},
+        {"io": 0.00001, "cpu": 0.0001},
+        tunable=("io",),
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=4)
+    history = run(ctl, model, 60)
+    assert ctl.decisions[0].startswith("model io: 1 -> 24"), ctl.decisions
+    assert not any(d.startswith("try io") for d in ctl.decisions), ctl.decisions
+    assert all(h["io"] == 24 for h in history[-40:])
+
+
 def test_the_model_prices_items_at_the_process_cpu_it_measured() -> None:
     # The op's meter sees 4 us of CPU per item; the process spends 40 us per item (the
     # engine's hops, wake-ups) and 2 ms a second besides. Once a full window has been

@@ -294,22 +294,36 @@ class AutotuneController:
         its input. On a busy machine surplus workers cost CPU that the bottleneck could use;
         the trim is kept only if throughput rises, like any other trial. The bottleneck
         itself is not trimmed: fewer of it can only deliver less, and the trial would cost a
-        window of lower throughput for nothing."""
+        window of lower throughput for nothing. Nor is a stage whose fewer workers could
+        not keep up with the rate it runs at, by Little's law at the least wall time per
+        item seen (the queues' occupancy tells a bottleneck only roughly: a decode stage
+        whose input queue was half full was trimmed from 2 workers to 1, for a window at
+        -45%)."""
         margin = self.config.bottleneck_margin
-        stages = [
-            s
-            for s in latest.stages
-            if s.tunable
-            and s.name not in self._trimmed
-            and self._conc.get(s.name, 1) > s.min_concurrency
-            and s.in_occupancy - s.out_occupancy < margin  # not the bottleneck: fewer is worse
-        ]
+        costs = {c.name: c for c in self._costs(self._last)[0]} if self._last else {}
+
+        def keeps_up(name: str, n: int) -> bool:
+            c = costs.get(name)
+            wall = c.least_wall or c.wall if c is not None else None
+            return c is None or not wall or c.rate <= 0 or n / wall >= c.rate
+
+        stages = []
+        for s in latest.stages:
+            cur = self._conc.get(s.name, s.concurrency)
+            if (
+                s.tunable
+                and s.name not in self._trimmed
+                and cur > s.min_concurrency
+                and s.in_occupancy - s.out_occupancy < margin  # not the bottleneck
+                and keeps_up(s.name, _trimmed(cur, s.min_concurrency))
+            ):
+                stages.append(s)
         if not stages:
             return None
         s = min(stages, key=lambda s: s.in_occupancy)
         self._trimmed.add(s.name)
         cur = self._conc.get(s.name, s.concurrency)
-        return s.name, cur, max(s.min_concurrency, cur - max(1, cur // 4))
+        return s.name, cur, _trimmed(cur, s.min_concurrency)
 
     def _propose(self, latest: AutotuneSample, cpu: float) -> tuple[str, int, int] | None:
         """The bottleneck among tunable stages and the concurrency to try for it.
@@ -543,3 +557,8 @@ def _above(n: int) -> int:
     what lies above that was over the budget when measured, and a trial there would
     spend a whole window over it again."""
     return max(n + 2, n + n // 2)
+
+
+def _trimmed(n: int, floor: int) -> int:
+    """A quarter fewer than ``n`` workers (at least one fewer), never below ``floor``."""
+    return max(floor, n - max(1, n // 4))
