@@ -321,9 +321,17 @@ def part_workloads(repeats: int, quick: bool) -> None:
                     flush=True,
                 )
             auto = med("auto")
+            # Each round ran every side once, so the ratio within a round is taken at one
+            # machine load; its median is steadier than the ratio of medians where the
+            # load drifts over minutes (a 30,000-item round of the two-stage pipeline
+            # lasts half a minute, and one level's runs spread over 10-20%).
+            paired = statistics.median(
+                a.rate / b.rate for a, b in zip(results["auto"], results[best], strict=True)
+            )
             print(
                 f"  best fixed within the budget in every one of these runs: {_label(best)}; "
-                f"auto reached {auto / mf:.0%} of it; auto's CPU at most {most_cpu('auto'):.0%}"
+                f"auto reached {auto / mf:.0%} of it (median of the rounds' ratios: "
+                f"{paired:.0%}); auto's CPU at most {most_cpu('auto'):.0%}"
                 f" ({'within' if most_cpu('auto') <= limit else 'OVER'} the budget's band)"
             )
             if loose is not None and loose != best:
