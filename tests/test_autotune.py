@@ -298,8 +298,12 @@ async def _astr(x: int) -> str:
     return str(x)
 
 
-@pytest.mark.parametrize("op", [str, _astr], ids=["thread", "async"])
-def test_an_autotuned_stage_starts_at_its_initial_concurrency(op: Callable) -> None:
+@pytest.mark.parametrize(
+    ("op", "default"),
+    [(str, 4), (_astr, 8)],  # 4 threads; 16 coroutines, within max_concurrency=8
+    ids=["thread", "async"],
+)
+def test_an_autotuned_stage_starts_at_its_initial_concurrency(op: Callable, default: int) -> None:
     def build(initial: int | None):  # noqa: ANN202
         return (
             PipelineBuilder()
@@ -308,7 +312,7 @@ def test_an_autotuned_stage_starts_at_its_initial_concurrency(op: Callable) -> N
             .build(cpu_budget=1.0)
         )
 
-    assert build(None).get_stats()[1].concurrency == 4
+    assert build(None).get_stats()[1].concurrency == default
     assert build(5).get_stats()[1].concurrency == 5
     clamped = build(50)
     assert clamped.get_stats()[1].concurrency == 8
@@ -364,6 +368,34 @@ def test_io_stage_grows_and_delivers_every_item_once(op: Callable, order: str) -
     if order == "input":
         assert got == produced
     assert not [t for t in threading.enumerate() if t.name == "torch_spdl-autotune"]
+
+
+def test_the_queue_the_source_fills_is_sized_for_the_autotuned_stages_bound() -> None:
+    # It holds keys: sized like a fixed stage's at the bound, a source feeding 256
+    # coroutines is woken once per 256 keys, not once per 32. The queue after that stage
+    # may hold decoded samples and stays sized for a few workers.
+    async def first(x: int) -> int:
+        return x
+
+    def second(x: int) -> int:
+        return x
+
+    def capacities(conc: tuple[int | str, int | str]) -> list[int]:
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(4))
+            .pipe(first, concurrency=conc[0], name="first")
+            .pipe(second, concurrency=conc[1], name="second")
+            .add_sink(4)
+            .build(num_threads=64)
+        )
+        with pipeline.auto_stop():
+            assert list(pipeline) == [0, 1, 2, 3]
+        return [s.queue_capacity for s in pipeline.get_stats() if s.name != "source"]
+
+    auto, fixed = capacities(("auto", "auto")), capacities((256, 64))
+    assert auto[0] == fixed[0] == 512
+    assert auto[1] < fixed[1]
 
 
 def test_stopping_early_joins_the_controller_and_parked_workers() -> None:
@@ -659,6 +691,30 @@ def test_a_stage_whose_fewer_workers_could_not_keep_up_is_not_trimmed() -> None:
     assert ctl.decisions[0].startswith("model io: 1 -> 24"), ctl.decisions
     assert not any(d.startswith("try io") for d in ctl.decisions), ctl.decisions
     assert all(h["io"] == 24 for h in history[-40:])
+
+
+def test_costs_per_item_are_over_the_metered_calls_not_the_items_taken() -> None:
+    # An autotuned stage meters a sample of its calls. Over a short window it took 50
+    # items, and 5 metered calls finished, 16 ms each: an item costs 16 ms. (Spread over
+    # the 50 items taken, as the meter's totals once were, it read as 1.6 ms, and after
+    # the storage got slower the model sized the stage for a fifth of what it needed.)
+    stage = StageSample(
+        "io",
+        4,
+        64,
+        True,
+        1.0,
+        0.0,
+        measured=True,
+        items=50,
+        busy=5 * 0.016,
+        cpu_busy=5 * 0.00001,
+        metered=5,
+    )
+    sample = AutotuneSample(throughput=250.0, cpu=0.01, rss=None, stages=(stage,), seconds=0.2)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=4)
+    ctl.step(sample)
+    assert "16.00 ms/item" in ctl.decisions[0], ctl.decisions
 
 
 def test_the_model_prices_items_at_the_process_cpu_it_measured() -> None:

@@ -25,6 +25,7 @@ from ._autotune_config import (
     DEFAULT_MAX_COROUTINES,
     DEFAULT_MAX_THREADS,
     DEFAULT_START,
+    DEFAULT_START_COROUTINES,
     AutotuneConfig,
     AutotuneSample,
     Decision,
@@ -39,6 +40,7 @@ __all__ = [
     "DEFAULT_MAX_COROUTINES",
     "DEFAULT_MAX_THREADS",
     "DEFAULT_START",
+    "DEFAULT_START_COROUTINES",
     "AutotuneConfig",
     "AutotuneController",
     "AutotuneSample",
@@ -140,6 +142,7 @@ class Autotuner:
         stages = []
         for s, a, b in zip(self.stages, r0, r1, strict=True):
             cpu = None if a.cpu is None or b.cpu is None else b.cpu - a.cpu
+            metered = None if a.metered is None or b.metered is None else b.metered - a.metered
             stages.append(
                 StageSample(
                     name=s.name,
@@ -153,6 +156,7 @@ class Autotuner:
                     busy=b.busy - a.busy,
                     cpu_busy=cpu,
                     min_concurrency=s.floor,
+                    metered=metered,
                 )
             )
         return AutotuneSample(

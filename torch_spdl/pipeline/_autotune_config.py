@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_MAX_COROUTINES",
     "DEFAULT_MAX_THREADS",
     "DEFAULT_START",
+    "DEFAULT_START_COROUTINES",
     "AutotuneConfig",
     "AutotuneSample",
     "Decision",
@@ -28,6 +29,10 @@ DEFAULT_MAX_COROUTINES = 256
 # Where an autotuned stage starts: enough workers for the first items (what the model
 # measures) to come quickly, few enough to cost nothing for the few ms before the model.
 DEFAULT_START = 4
+# ... and an async one: a parked coroutine costs no thread, and until the model's step
+# (a few ms in) the first ones are all that run. At 40,000 items a second (256 coroutines
+# sleeping 5 ms) starting at 16, not 4, has the 1,000th item out 1.5 ms sooner.
+DEFAULT_START_COROUTINES = 16
 
 
 @dataclass(frozen=True)
@@ -65,9 +70,9 @@ class AutotuneConfig:
     cpu_tolerance: float = 0.1
     bottleneck_margin: float = 0.2
     model: bool = True
-    model_interval: float = 0.005
+    model_interval: float = 0.002
     model_items: int = 2
-    model_ticks: int = 30
+    model_ticks: int = 75
     remodel_factor: float = 1.25
     check_interval: float = 0.01
     check_ticks: int = 2
@@ -99,9 +104,10 @@ class StageSample:
     """One stage over one tick. Occupancies are 0 (empty) to 1 (full).
 
     ``min_concurrency`` is the least the tuner may set. ``measured`` says whether the
-    cost fields are filled: ``items`` finished over the tick,
-    ``busy`` wall seconds and ``cpu_busy`` CPU seconds (None: not measured) inside the op
-    for them, summed over workers.
+    cost fields are filled: ``items`` finished over the tick, ``busy`` wall seconds and
+    ``cpu_busy`` CPU seconds (None: not measured) inside the op for ``metered`` of them
+    (None: for all of them; an autotuned stage meters a sample of its calls), summed over
+    workers.
     """
 
     name: str
@@ -115,6 +121,12 @@ class StageSample:
     busy: float = 0.0
     cpu_busy: float | None = None
     min_concurrency: int = 1  # the least the stage may run
+    metered: int | None = None
+
+    @property
+    def costed(self) -> int:
+        """How many items ``busy`` and ``cpu_busy`` were measured over."""
+        return self.items if self.metered is None else self.metered
 
 
 @dataclass(frozen=True)

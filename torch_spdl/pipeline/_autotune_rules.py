@@ -161,7 +161,7 @@ class AutotuneController:
         done: dict[str, int] = {}
         for smp in self._window:
             for s in smp.stages:
-                done[s.name] = done.get(s.name, 0) + s.items
+                done[s.name] = done.get(s.name, 0) + s.costed
         ready = all(done.get(s.name, 0) >= self.config.model_items for s in tunable if s.measured)
         if not ready and len(self._window) < self.config.model_ticks:
             return {}
@@ -182,15 +182,17 @@ class AutotuneController:
         least = self._least_wall
         for i, s in enumerate(window[-1].stages):
             items = sum(w.stages[i].items for w in window)
+            costed = sum(w.stages[i].costed for w in window)  # the items busy covers
             busy = sum(w.stages[i].busy for w in window)
             cpus = [w.stages[i].cpu_busy for w in window]
-            cpu = None if any(c is None for c in cpus) or not items else sum(cpus) / items  # type: ignore[arg-type]
-            # The meter's totals are scaled from its sampled calls, and the scale moves as
-            # workers pass their first calls: over a short window the difference can come
-            # out at zero or below. Such a window measured nothing for this stage.
-            measured = s.measured and items > 0 and busy > 0 and (cpu is None or cpu >= 0)
+            cpu = None if any(c is None for c in cpus) or not costed else sum(cpus) / costed  # type: ignore[arg-type]
+            # A window with no metered call finished, or costs that difference to zero or
+            # below, measured nothing for this stage.
+            measured = (
+                s.measured and items > 0 and costed > 0 and busy > 0 and (cpu is None or cpu >= 0)
+            )
             if measured:
-                least[s.name] = min(least.get(s.name, math.inf), busy / items)
+                least[s.name] = min(least.get(s.name, math.inf), busy / costed)
             costs.append(
                 StageCost(
                     name=s.name,
@@ -198,7 +200,7 @@ class AutotuneController:
                     concurrency=self._conc.get(s.name, s.concurrency),
                     bound=s.max_concurrency,
                     rate=items / total if measured else 0.0,
-                    wall=busy / items if measured else None,
+                    wall=busy / costed if measured else None,
                     cpu=cpu if measured else None,
                     least_wall=least.get(s.name),
                 )
@@ -491,8 +493,8 @@ class AutotuneController:
                 return self._hold()
 
             def load(s: StageSample) -> tuple[float, int]:
-                used = s.cpu_busy if s.cpu_busy is not None else 0.0
-                return used, self._conc.get(s.name, s.concurrency)
+                per_item = s.cpu_busy / s.costed if s.cpu_busy is not None and s.costed else 0.0
+                return per_item * s.items, self._conc.get(s.name, s.concurrency)
 
             top = max(tunable, key=load)
             name = top.name

@@ -19,7 +19,7 @@ from typing import Any
 from . import _autotune_memory
 from ._aggregate import AggregateStage, DisaggregateStage
 from ._async_stage import AsyncStage
-from ._autotune import DEFAULT_START, AutotuneConfig
+from ._autotune import DEFAULT_START, DEFAULT_START_COROUTINES, AutotuneConfig
 from ._background import BackgroundTaskFactory
 from ._channel import Channel
 from ._config import (
@@ -171,7 +171,7 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
         # exception: it holds keys, and a source woken every few items (a queue sized for
         # 4 workers refills 32 at a time) costs a coroutine stage a GIL hand-off per 32 items
         # where a fixed stage of 256 paid one per 256 (1.2 against 0.4 us per item).
-        few = isinstance(spec, PipeConfig) and spec.auto and (i > 0 or depth > 0)
+        few = isinstance(spec, PipeConfig) and spec.auto and i > 0
         sized = min(workers[i], 4) if few else workers[i]
         capacity = own or options.queue_size or queue_capacity(sized, batched=depth > 0)
         # A source feeding coroutines is woken to refill its queue once it is half empty,
@@ -261,7 +261,8 @@ def _op_stage(
     op, kind = classify_op(spec.op)
     own_limit = spec.max_failures is not None
     floor = min(spec.min_concurrency or 1, workers)
-    start = spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or DEFAULT_START
+    default = DEFAULT_START_COROUTINES if kind.is_async else DEFAULT_START
+    start = spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or default
     ordered = spec.output_order == "input"
     initial = max(floor, min(start, workers)) if spec.auto else workers
     max_failures = spec.max_failures if spec.max_failures is not None else -1

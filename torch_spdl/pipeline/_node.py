@@ -420,15 +420,16 @@ class OpStage(Node):
 
     def reading(self) -> StageReading:
         """Cumulative counters for the autotuner."""
+        metered: int | None = None
         if self.meter is not None:
-            items, busy, cpu = self.meter.totals()
+            items, metered, busy, cpu = self.meter.totals()
         else:
             with self._lock:
                 counters = list(self._counters)
             items = sum(c.num_in for c in counters)
             busy, cpu = sum(c.op_time for c in counters), None
         return StageReading(
-            items, busy, cpu, QueueReading.of(self.inbox), QueueReading.of(self.outbox)
+            items, busy, cpu, QueueReading.of(self.inbox), QueueReading.of(self.outbox), metered
         )
 
     def set_concurrency(self, n: int) -> int:

@@ -152,14 +152,16 @@ class QueueReading:
 
 @dataclass(frozen=True)
 class StageReading:
-    """A stage's cumulative counters: items finished and the wall and CPU seconds spent on
-    them in its op (``cpu`` None: not measured), and its input and output queues."""
+    """A stage's cumulative counters: items taken, the wall and CPU seconds its op spent on
+    ``metered`` of them (``cpu`` None: not measured; ``metered`` None: on all of them), and
+    its input and output queues."""
 
     items: int
     busy: float
     cpu: float | None
     inbox: QueueReading
     outbox: QueueReading
+    metered: int | None = None
 
 
 class TunableStage(Protocol):
