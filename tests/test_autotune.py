@@ -717,6 +717,29 @@ def test_costs_per_item_are_over_the_metered_calls_not_the_items_taken() -> None
     assert "16.00 ms/item" in ctl.decisions[0], ctl.decisions
 
 
+def test_a_sink_filled_by_the_first_items_does_not_size_the_first_step() -> None:
+    # Built again where the last build left it (256 coroutines), the stage finishes its
+    # first 256 items at once, and they fill the sink; its rate over those first ms is
+    # mostly the wait for them. The first step does not take that for a slow consumer
+    # (sized for 3,000/s, it went 256 -> 23): it keeps the stage at its bound.
+    stage = StageSample(
+        "io",
+        256,
+        256,
+        True,
+        1.0,
+        1.0,
+        measured=True,
+        items=16,
+        busy=16 * 0.0055,
+        cpu_busy=16 * 0.00001,
+    )
+    sample = AutotuneSample(throughput=3000.0, cpu=0.02, rss=None, stages=(stage,), seconds=0.006)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    assert ctl.step(sample) == {}
+    assert ctl.decisions == ["model (first items): the concurrency held is right"], ctl.decisions
+
+
 def test_the_model_prices_items_at_the_process_cpu_it_measured() -> None:
     # The op's meter sees 4 us of CPU per item; the process spends 40 us per item (the
     # engine's hops, wake-ups) and 2 ms a second besides. Once a full window has been

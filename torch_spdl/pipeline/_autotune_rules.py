@@ -213,11 +213,16 @@ class AutotuneController:
         costs, cpu_cores = self._costs(window)
         if not start:
             self._cheapest_hop = min(self._cheapest_hop, process_hop(costs, cpu_cores))
+        # A full sink says the consumer sets the pace, but not over the first items: a
+        # stage started at 256 coroutines (where the last build left it) finishes its first
+        # 256 items at once, fills the sink, and its rate over the first few ms is mostly
+        # the wait for them (3,000/s): sized for that "consumer", it went 256 -> 23.
+        full = window[-1].stages[-1].out_occupancy if window[-1].stages and not start else 0.0
         targets = model_targets(
             costs,
             cpu_used=cpu_cores,
             budget=self.config.cpu_budget * self.cores,
-            sink_occupancy=window[-1].stages[-1].out_occupancy if window[-1].stages else 0.0,
+            sink_occupancy=full,
             price_process=not start,
             cheapest_hop=self._cheapest_hop,
         )
