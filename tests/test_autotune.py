@@ -214,6 +214,29 @@ def test_shrinks_when_the_workload_pushes_it_over_the_budget() -> None:
     assert all(0.2 * h["cpu"] <= 0.5 * 1.1 for h in history[-100:])
 
 
+@pytest.mark.parametrize(("over", "most_ticks", "least_ticks"), [(0.8, 3, 1), (0.46, 6, 4)])
+def test_a_held_configuration_far_over_the_budget_shrinks_after_one_window(
+    over: float, most_ticks: int, least_ticks: int
+) -> None:
+    # Held within the budget (40%), the process goes to `over`. Far over it (80%: more
+    # than twice the 10% tolerance) the stage shrinks at the end of the first window that
+    # shows it (3 ticks at most); just over it (46%), only after two windows in a row, so
+    # that one noisy reading at the edge does not cost a worker for good (4 ticks at least).
+    level = {"cpu": 0.3}
+    model = Model({"io": latency(100)}, cpu=lambda conf, tput: level["cpu"])
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4))
+    run(ctl, model, 100)
+    assert ctl.phase == "steady" and not any("shrink" in d for d in ctl.decisions)
+    # the 30% is not the stage's (a training step): it grew all the same
+    assert model.conf["io"] == MAX
+    level["cpu"] = over
+    ticks = 0
+    while not any(d.startswith("shrink") for d in ctl.decisions) and ticks < 20:
+        run(ctl, model, 1)
+        ticks += 1
+    assert least_ticks <= ticks <= most_ticks, (ticks, ctl.decisions[-3:])
+
+
 def test_respects_the_memory_limit() -> None:
     mib = 1 << 20
     model = Model({"io": latency(100)}, rss=lambda conf: 100 * mib + 20 * mib * conf["io"])

@@ -70,9 +70,9 @@ class AutotuneConfig:
     cpu_tolerance: float = 0.1
     bottleneck_margin: float = 0.2
     model: bool = True
-    model_interval: float = 0.002
+    model_interval: float = 0.001
     model_items: int = 2
-    model_ticks: int = 75
+    model_ticks: int = 150
     remodel_factor: float = 1.25
     check_interval: float = 0.01
     check_ticks: int = 2

@@ -69,6 +69,7 @@ class AutotuneController:
         self._undo: list[tuple[str, int]] = []  # kept growths, newest last
         self._ceiling: dict[str, int] = {}  # a concurrency known not to help, per stage
         self._unmodelled: set[str] = set()  # stages whose model step failed: climb only
+        self._cpu_bound: set[str] = set()  # stages brought down for the CPU budget
         self._conc: dict[str, int] = {}
         self._floor: dict[str, int] = {}
         self._least_wall: dict[str, float] = {}  # per stage, over the model's windows
@@ -335,12 +336,14 @@ class AutotuneController:
     def _propose(self, latest: AutotuneSample, cpu: float) -> tuple[str, int, int] | None:
         """The bottleneck among tunable stages and the concurrency to try for it.
 
-        A growth is never tried beyond what the CPU budget pays for at the CPU per item
-        just measured (:meth:`_affordable`): a trial predicted over the budget would be
-        reverted for it, at the cost of a window, and the stage's ceiling would be left
-        far above where the budget really binds. Near the budget the trial is then the
-        headroom's worth (a stage at 35% of a 40% budget tries about a seventh more, not
-        the bisection's quarter), and it is kept if it fits."""
+        A stage brought down for the CPU budget (its CPU is known to go with it) grows back
+        no further than what the budget pays for at the CPU per item just measured
+        (:meth:`_affordable`): a trial predicted over the budget would be reverted for it,
+        at the cost of a window, and leave the stage where it was. Near the budget the
+        trial is then the headroom's worth (a stage at 35% of a 40% budget tries about a
+        seventh more, not the bisection's quarter), and it is kept if it fits. Other
+        stages are not capped so: the process's CPU may be mostly outside them (a training
+        step), and growing them costs little of it."""
         margin = self.config.bottleneck_margin
         best: StageSample | None = None
         for s in latest.stages:
@@ -361,7 +364,7 @@ class AutotuneController:
             new = cur + (ceiling - cur) // 2  # bisect towards what did not help
             if new <= cur or (ceiling - cur) * 4 <= cur:
                 return None  # saturated: the bottleneck cannot usefully grow
-        if cpu > 0:
+        if cpu > 0 and best.name in self._cpu_bound:
             new = min(new, self._affordable(best.name, cur, self.config.cpu_budget / cpu))
             if new <= cur:
                 return None  # the budget pays for no more of it
@@ -450,6 +453,7 @@ class AutotuneController:
             n = max(old, min(new - 1, self._affordable(name, new, ratio)))
             self._ceiling[name] = min(new, self._ceiling.get(name, new), _above(n))
             self._unmodelled.add(name)
+            self._cpu_bound.add(name)
             if n != new:
                 changes[name] = n
                 self._note(
@@ -508,6 +512,7 @@ class AutotuneController:
                 fewer = cur // 2
             else:
                 fewer = self._affordable(name, cur, self.config.cpu_budget / cpu)
+                self._cpu_bound.add(name)
             prev = max(top.min_concurrency, 1, min(cur - 1, fewer))
             self._unmodelled.add(name)  # the model sized it over the budget: climb only
         cur = self._conc.get(name, prev)
@@ -526,9 +531,13 @@ class AutotuneController:
         self, tput: float, cpu: float, rss: int | None, latest: AutotuneSample
     ) -> dict[str, int]:
         # Holding: shrink only when two windows in a row are over, so that one noisy CPU
-        # reading at the edge of the budget does not cost a worker for good.
+        # reading at the edge of the budget does not cost a worker for good; or one window
+        # far over (twice the tolerance: 48% against a 40% budget), which is no edge (on
+        # 2 cores, the CPU per item doubles once the threads spread over both cores, and
+        # over a run of 0.75 s two windows of it were most of the run).
+        far = cpu > self.config.cpu_budget * (1 + 2 * self.config.cpu_tolerance)
         self._over_windows = self._over_windows + 1 if self._over(cpu, rss) else 0
-        if self._over_windows >= 2:
+        if self._over_windows >= 2 or (far and not self._over_memory(rss)):
             self._over_windows = 0
             return self._shrink(cpu, rss, latest)
         base = self._base
@@ -542,6 +551,7 @@ class AutotuneController:
         self._note(f"workload changed: {base:.1f} -> {tput:.1f}/s; explore again")
         self._ceiling.clear()
         self._unmodelled.clear()
+        self._cpu_bound.clear()
         self._trimmed.clear()
         self._least_wall.clear()
         self._base = tput
