@@ -323,7 +323,7 @@ class AutotuneController:
                 and s.name not in self._trimmed
                 and cur > s.min_concurrency
                 and s.in_occupancy - s.out_occupancy < margin  # not the bottleneck
-                and keeps_up(s.name, _trimmed(cur, s.min_concurrency))
+                and keeps_up(s.name, _quarter_fewer(cur, s.min_concurrency))
             ):
                 stages.append(s)
         if not stages:
@@ -331,7 +331,7 @@ class AutotuneController:
         s = min(stages, key=lambda s: s.in_occupancy)
         self._trimmed.add(s.name)
         cur = self._conc.get(s.name, s.concurrency)
-        return s.name, cur, _trimmed(cur, s.min_concurrency)
+        return s.name, cur, _quarter_fewer(cur, s.min_concurrency)
 
     def _propose(self, latest: AutotuneSample, cpu: float) -> tuple[str, int, int] | None:
         """The bottleneck among tunable stages and the concurrency to try for it.
@@ -537,7 +537,7 @@ class AutotuneController:
         # over a run of 0.75 s two windows of it were most of the run).
         far = cpu > self.config.cpu_budget * (1 + 2 * self.config.cpu_tolerance)
         self._over_windows = self._over_windows + 1 if self._over(cpu, rss) else 0
-        if self._over_windows >= 2 or (far and not self._over_memory(rss)):
+        if self._over_windows >= 2 or far:
             self._over_windows = 0
             return self._shrink(cpu, rss, latest)
         base = self._base
@@ -576,6 +576,6 @@ def _above(n: int) -> int:
     return max(n + 2, n + n // 2)
 
 
-def _trimmed(n: int, floor: int) -> int:
+def _quarter_fewer(n: int, floor: int) -> int:
     """A quarter fewer than ``n`` workers (at least one fewer), never below ``floor``."""
     return max(floor, n - max(1, n // 4))
