@@ -970,13 +970,16 @@ def test_an_explicit_concurrency_is_honoured_exactly() -> None:
         PipelineBuilder()
         .add_source(_gated_source(stop, produced))
         .pipe(_io, concurrency="auto", max_concurrency=8)
-        .pipe(_io, concurrency=3)
+        # a fixed stage that never limits the other (a 5 ms one at 3 workers may: the model
+        # then sizes the autotuned stage for it, and it never reaches 8)
+        .pipe(str, concurrency=3)
         .add_sink(16)
         .build(cpu_budget=1.0, trace=True)
     )
     _run_until(pipeline, stop, 1, 8)
     stats = pipeline.get_stats()
-    assert stats[2].concurrency == 3 and not stats[2].autotuned
+    assert stats[1].concurrency == 8  # the tuner acted on the autotuned stage ...
+    assert stats[2].concurrency == 3 and not stats[2].autotuned  # ... and not on this one
     assert {conc[1] for conc in (s.concurrency for s in pipeline.trace().samples)} == {3}
     assert all(d.stage != stats[2].name for d in pipeline.trace().decisions)
 
