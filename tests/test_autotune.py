@@ -12,6 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -716,25 +717,21 @@ def test_a_stage_whose_fewer_workers_could_not_keep_up_is_not_trimmed() -> None:
     assert all(h["io"] == 24 for h in history[-40:])
 
 
+def one_stage(throughput: float, cpu: float, seconds: float, **stage: Any) -> AutotuneSample:
+    """One tick of a pipeline of one autotuned, measured stage named ``io``, its input full."""
+    s = StageSample(name="io", tunable=True, in_occupancy=1.0, measured=True, **stage)
+    return AutotuneSample(throughput=throughput, cpu=cpu, rss=None, stages=(s,), seconds=seconds)
+
+
 def test_costs_per_item_are_over_the_metered_calls_not_the_items_taken() -> None:
     # An autotuned stage meters a sample of its calls. Over a short window it took 50
     # items, and 5 metered calls finished, 16 ms each: an item costs 16 ms. (Spread over
     # the 50 items taken, as the meter's totals once were, it read as 1.6 ms, and after
     # the storage got slower the model sized the stage for a fifth of what it needed.)
-    stage = StageSample(
-        "io",
-        4,
-        64,
-        True,
-        1.0,
-        0.0,
-        measured=True,
-        items=50,
-        busy=5 * 0.016,
-        cpu_busy=5 * 0.00001,
-        metered=5,
-    )
-    sample = AutotuneSample(throughput=250.0, cpu=0.01, rss=None, stages=(stage,), seconds=0.2)
+    sample = one_stage(
+        250.0, 0.01, 0.2, concurrency=4, max_concurrency=64, out_occupancy=0.0,
+        items=50, busy=5 * 0.016, cpu_busy=5 * 0.00001, metered=5,
+    )  # fmt: skip
     ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=4)
     ctl.step(sample)
     assert "16.00 ms/item" in ctl.decisions[0], ctl.decisions
@@ -745,19 +742,10 @@ def test_a_sink_filled_by_the_first_items_does_not_size_the_first_step() -> None
     # first 256 items at once, and they fill the sink; its rate over those first ms is
     # mostly the wait for them. The first step does not take that for a slow consumer
     # (sized for 3,000/s, it went 256 -> 23): it keeps the stage at its bound.
-    stage = StageSample(
-        "io",
-        256,
-        256,
-        True,
-        1.0,
-        1.0,
-        measured=True,
-        items=16,
-        busy=16 * 0.0055,
-        cpu_busy=16 * 0.00001,
-    )
-    sample = AutotuneSample(throughput=3000.0, cpu=0.02, rss=None, stages=(stage,), seconds=0.006)
+    sample = one_stage(
+        3000.0, 0.02, 0.006, concurrency=256, max_concurrency=256, out_occupancy=1.0,
+        items=16, busy=16 * 0.0055, cpu_busy=16 * 0.00001,
+    )  # fmt: skip
     ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
     assert ctl.step(sample) == {}
     assert ctl.decisions == ["model (first items): the concurrency held is right"], ctl.decisions
