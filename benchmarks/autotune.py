@@ -291,36 +291,29 @@ def part_workloads(repeats: int, quick: bool) -> None:
                 for conc in order[k:] + order[:k]:
                     results[conc].append(run_once(w, n, conc))
 
-            def med(c: Any, results: dict[Any, list[Run]] = results) -> float:
-                return statistics.median(r.rate for r in results[c])
-
-            def most_cpu(c: Any, results: dict[Any, list[Run]] = results) -> float:
-                return max(r.cpu for r in results[c])
-
-            within = [c for c in cands if most_cpu(c) <= limit] or [min(cands, key=most_cpu)]
-            best = max(within, key=med)
-            mf = med(best)
-            # last stop's rule, for comparison: the median run within the budget
-            by_median = [
-                c for c in cands if statistics.median(r.cpu for r in results[c]) <= limit
-            ]
-            loose = max(by_median, key=med) if by_median else None
+            rate = {c: statistics.median(r.rate for r in runs) for c, runs in results.items()}
+            top_cpu = {c: max(r.cpu for r in runs) for c, runs in results.items()}
+            mid_cpu = {c: statistics.median(r.cpu for r in runs) for c, runs in results.items()}
+            within = [c for c in cands if top_cpu[c] <= limit] or [min(cands, key=top_cpu.get)]
+            best = max(within, key=rate.get)
+            mf = rate[best]
+            # the looser rule, for comparison: the median run within the budget
+            by_median = [c for c in cands if mid_cpu[c] <= limit]
+            loose = max(by_median, key=rate.get) if by_median else None
             for conc, runs in results.items():
                 label = "auto" if conc == "auto" else _label(conc)
                 if conc == best:
                     label += " (best)"
-                m = statistics.median(r.rate for r in runs)
-                cpu = max(r.cpu for r in runs)
-                cpu_med = statistics.median(r.cpu for r in runs)
+                m, cpu = rate[conc], top_cpu[conc]
                 ramp = statistics.median(r.ramp for r in runs)
                 rng = f"{min(r.rate for r in runs):,.0f}-{max(r.rate for r in runs):,.0f}"
                 over = " over" if cpu > w.budget_value * 1.1 else ""
                 print(
                     f"  {n:>7,} {label:<16} {m:>9,.0f} {cpu:>5.0%}{over} {ramp:>7.2f} "
-                    f"{m / mf:>8.0%}  ({rng}; {cpu_med:.0%}) {runs[len(runs) // 2].final}",
+                    f"{m / mf:>8.0%}  ({rng}; {mid_cpu[conc]:.0%}) {runs[len(runs) // 2].final}",
                     flush=True,
                 )
-            auto = med("auto")
+            auto = rate["auto"]
             # Each round ran every side once, so the ratio within a round is taken at one
             # machine load; its median is steadier than the ratio of medians where the
             # load drifts over minutes (a 30,000-item round of the two-stage pipeline
@@ -331,13 +324,13 @@ def part_workloads(repeats: int, quick: bool) -> None:
             print(
                 f"  best fixed within the budget in every one of these runs: {_label(best)}; "
                 f"auto reached {auto / mf:.0%} of it (median of the rounds' ratios: "
-                f"{paired:.0%}); auto's CPU at most {most_cpu('auto'):.0%}"
-                f" ({'within' if most_cpu('auto') <= limit else 'OVER'} the budget's band)"
+                f"{paired:.0%}); auto's CPU at most {top_cpu['auto']:.0%}"
+                f" ({'within' if top_cpu['auto'] <= limit else 'OVER'} the budget's band)"
             )
             if loose is not None and loose != best:
                 print(
                     f"  (the fastest whose median run is within the budget: {_label(loose)}, "
-                    f"CPU up to {most_cpu(loose):.0%}; auto reached {auto / med(loose):.0%} of it)"
+                    f"CPU up to {top_cpu[loose]:.0%}; auto reached {auto / rate[loose]:.0%} of it)"
                 )
         # what was learnt: one builder, built twice
         b = w.builder(range(3000), "auto")
