@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from _sync import WAIT
+from _sync import WAIT, Gate
 
 from torch_spdl import DataLoader, StagedDataset
 from torch_spdl.pipeline import (
@@ -723,6 +723,80 @@ def one_stage(throughput: float, cpu: float, seconds: float, **stage: Any) -> Au
     return AutotuneSample(throughput=throughput, cpu=cpu, rss=None, stages=(s,), seconds=seconds)
 
 
+def waiting(age: float, pending: int, cpu_each: float, conc: int) -> AutotuneSample:
+    """One 1 ms tick of an async stage none of whose items has finished: ``pending`` in
+    flight, the first for ``age`` seconds, ``cpu_each`` seconds of the loop spent on each."""
+    return one_stage(
+        0.0, 0.05, 0.001, concurrency=conc, max_concurrency=256, out_occupancy=0.0,
+        items=0, busy=0.0, cpu_busy=pending * cpu_each, metered=0, pending=pending,
+        pending_age=age,
+    )  # fmt: skip
+
+
+def test_an_async_stage_whose_items_wait_is_grown_before_any_finishes() -> None:
+    # 16 coroutines wait on I/O: after 0.8 ms none has finished, each has used 20 us of the
+    # loop (2% of its time): they wait. Little's law at twice their age, for the 80,000
+    # items a second that the budget (0.4 x 2 cores) pays for at the engine's 10 us a hop,
+    # asks for 128 now and the bound a tick later: the stage does not wait the 5 ms until
+    # its first items finish to leave 16. Each step is taken on the tick that asks for it.
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    assert ctl.step(waiting(0.0008, 16, 20e-6, 16)) == {"io": 128}
+    assert ctl.decisions[0].startswith("early io: 16 -> 128 (16 items in flight, the first")
+    assert "they wait" in ctl.decisions[0]
+    assert ctl.step(waiting(0.0009, 128, 20e-6, 128)) == {}  # less than a quarter more
+    assert ctl.step(waiting(0.002, 128, 20e-6, 128)) == {"io": 256}
+    assert ctl.decisions[-1].startswith("early io: 128 -> 256")
+    assert ctl.phase == "model" and ctl.interval == AutotuneConfig().model_interval
+
+
+def test_items_that_burn_the_loop_before_finishing_are_not_grown_early() -> None:
+    # 16 items in flight for 1 ms, 200 us of the loop each (20% of their time): not waiting
+    # (the loop may be what they wait for). Nothing is grown before their costs are known.
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    for age in (0.001, 0.002, 0.004):
+        assert ctl.step(waiting(age, 16, 0.2 * age, 16)) == {}
+    assert ctl.decisions == []
+
+
+def test_the_early_steps_are_judged_with_the_model_step_and_scaled_back_to_the_start() -> None:
+    # Grown early to 256, the first items finish (5.2 ms, 0.1% on the CPU: the model keeps
+    # 256). The step is still judged, on short ticks, as a model step: at 48% of the cores
+    # (over the budget's band) it is scaled back, never below where the stage started.
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    assert ctl.step(waiting(0.002, 16, 20e-6, 16)) == {"io": 256}
+    done = one_stage(
+        10_000.0, 0.3, 0.001, concurrency=256, max_concurrency=256, out_occupancy=0.0,
+        items=16, busy=16 * 0.0052, cpu_busy=16 * 5e-6,
+    )  # fmt: skip
+    assert ctl.step(done) == {}
+    assert ctl.decisions[-1] == "model (first items): the early steps were right"
+    assert ctl.interval == AutotuneConfig().check_interval
+    over = one_stage(
+        40_000.0, 0.48, 0.01, concurrency=256, max_concurrency=256, out_occupancy=0.0,
+        items=400, busy=400 * 0.0052, cpu_busy=400 * 5e-6,
+    )  # fmt: skip
+    changes: dict[str, int] = {}
+    for _ in range(AutotuneConfig().settle_ticks + AutotuneConfig().check_ticks):
+        changes = changes or ctl.step(over)
+    assert 16 <= changes["io"] < 256, ctl.decisions
+    assert ctl.decisions[-1].startswith("scale io back: 256 -> "), ctl.decisions
+
+
+def test_the_first_items_of_a_waiting_stage_are_not_taken_for_cpu_bound() -> None:
+    # Grown early to 256 coroutines, the stage finishes 120 items within the first 8 ms,
+    # at a cold 15 us each: 0.22 cores, over a quarter of the budget, though each item is
+    # on the CPU 0.3% of its time. Neither that rate nor that CPU is what the items cost
+    # once running, so at start-up the stage is judged on its share alone: it waits, and
+    # stays at its bound (taken for CPU-bound, it went 256 -> 176).
+    sample = one_stage(
+        15_000.0, 0.2, 0.008, concurrency=256, max_concurrency=256, out_occupancy=0.0,
+        items=120, busy=120 * 0.0055, cpu_busy=120 * 15e-6,
+    )  # fmt: skip
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    assert ctl.step(sample) == {}
+    assert ctl.decisions == ["model (first items): the concurrency held is right"], ctl.decisions
+
+
 def test_costs_per_item_are_over_the_metered_calls_not_the_items_taken() -> None:
     # An autotuned stage meters a sample of its calls. Over a short window it took 50
     # items, and 5 metered calls finished, 16 ms each: an item costs 16 ms. (Spread over
@@ -918,6 +992,34 @@ def _run_until(pipeline, stop: threading.Event, stage: int, value: int) -> None:
                 pipeline.get_stats()[stage].concurrency == value or time.monotonic() > deadline
             ):
                 stop.set()
+
+
+def test_an_async_stage_grows_while_its_first_items_still_wait() -> None:
+    # None of the items can finish until a 17th has started: the stage, started at 16
+    # coroutines, must be grown on what its waiting items show, before any finishes (a
+    # model that needs finished items would wait out the gate's deadline, then fail).
+    gate, started = Gate(), []
+
+    async def op(x: int) -> int:
+        started.append(x)
+        if len(started) > 16:
+            gate.set()
+        await gate.await_(WAIT)
+        return x
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(100))
+        .pipe(op, concurrency="auto", max_concurrency=64, name="fetch")
+        .add_sink(16)
+        .build(cpu_budget=1.0, trace=True)
+    )
+    with pipeline.auto_stop():
+        assert sorted(pipeline) == list(range(100))
+    first = pipeline.trace().decisions[0]
+    assert first.stage == "1:fetch" and first.concurrency > 16, first
+    assert first.reason.startswith("early 1:fetch: 16 -> "), first.reason
+    assert "items in flight" in first.reason and "they wait" in first.reason
 
 
 def test_a_builder_built_again_starts_where_the_tuner_left_each_stage() -> None:

@@ -143,6 +143,7 @@ class Autotuner:
         for s, a, b in zip(self.stages, r0, r1, strict=True):
             cpu = None if a.cpu is None or b.cpu is None else b.cpu - a.cpu
             metered = None if a.metered is None or b.metered is None else b.metered - a.metered
+            age = 0.0 if b.pending_since is None else max(0.0, t1 - b.pending_since)
             stages.append(
                 StageSample(
                     name=s.name,
@@ -157,6 +158,8 @@ class Autotuner:
                     cpu_busy=cpu,
                     min_concurrency=s.floor,
                     metered=metered,
+                    pending=b.pending,
+                    pending_age=age,
                 )
             )
         return AutotuneSample(

@@ -107,7 +107,9 @@ class StageSample:
     cost fields are filled: ``items`` finished over the tick, ``busy`` wall seconds and
     ``cpu_busy`` CPU seconds (None: not measured) inside the op for ``metered`` of them
     (None: for all of them; an autotuned stage meters a sample of its calls), summed over
-    workers.
+    workers. Until the first of its metered calls finishes (async ops only), ``pending``
+    were in flight at the tick's end, the first of them for ``pending_age`` seconds: the
+    evidence there is before any item has finished.
     """
 
     name: str
@@ -122,6 +124,8 @@ class StageSample:
     cpu_busy: float | None = None
     min_concurrency: int = 1  # the least the stage may run
     metered: int | None = None
+    pending: int = 0
+    pending_age: float = 0.0
 
     @property
     def costed(self) -> int:

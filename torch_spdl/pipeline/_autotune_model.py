@@ -36,7 +36,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["HOP_CPU_S", "WAITS", "StageCost", "Target", "model_targets", "process_hop"]
+__all__ = [
+    "HOP_CPU_S",
+    "WAITS",
+    "StageCost",
+    "Target",
+    "early_target",
+    "model_targets",
+    "process_hop",
+]
 
 # The engine's own CPU per item per stage (take, hand off, count), beyond what the op's
 # meter sees: on the 2-core development machine a 5 ms sleeping stage uses 16-25 us of
@@ -120,7 +128,7 @@ def model_targets(
     # budget pays for. Its engine hop is counted; the first full window measures the rest.
     per_item = sum(
         flow[c.name]
-        * (hop_cpu + (0.0 if not price_process and _waits(c, budget) else c.cpu or 0.0))
+        * (hop_cpu + (0.0 if not price_process and _waits(c, budget, start=True) else c.cpu or 0.0))
         for c in known
     )
     affordable = budget / per_item if per_item > 0 else math.inf
@@ -140,7 +148,7 @@ def model_targets(
             continue
         assert c.wall is not None
         share = None if c.cpu is None else c.cpu / c.wall
-        if _waits(c, budget):
+        if _waits(c, budget, start=not price_process):
             waiting.append(c)
             continue
         target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
@@ -193,6 +201,42 @@ def model_targets(
     return out
 
 
+def early_target(
+    *,
+    pending: int,
+    age: float,
+    cpu: float | None,
+    bound: int,
+    budget: float,
+    stages: int,
+    hop_cpu: float = HOP_CPU_S,
+) -> Target | None:
+    """The least an async stage none of whose items has finished yet needs, or None when
+    what it shows so far is not waiting.
+
+    ``pending`` of its items are in flight, the first of them for ``age`` seconds, none
+    finished, using ``cpu`` seconds of the loop each between their await points: at a small
+    share of that time (:data:`WAITS`) they wait, and Little's law holds for the wall time
+    they will take, which is at least ``age``. Seen at a moment that bears no relation to
+    when it will finish, an item is as likely to be before as after halfway, so the wall is
+    taken as twice the age (a guess that overshoots the need by at most that factor, whatever
+    the scale of the wait; the first items to finish correct it). The rate aimed for is what the
+    CPU budget pays for at the engine's hop on each of the pipeline's ``stages`` (their own
+    costs are not known yet), as for a stage that waits at start-up in
+    :func:`model_targets`: the answer is at most twice that one's once the items finish.
+    """
+    if pending <= 0 or age <= 0 or cpu is None or cpu >= WAITS * age:
+        return None
+    rate = budget / (hop_cpu * max(1, stages))
+    n = max(1, min(bound, math.floor(rate * 2 * age)))
+    return Target(
+        n,
+        f"{pending} items in flight, the first for {age * 1e3:.1f} ms, {cpu / age:.0%} on the "
+        f"CPU: they wait; the CPU budget pays for {rate:,.0f}/s; Little's law at twice their "
+        f"age: {n}",
+    )
+
+
 def process_hop(costs: Sequence[StageCost], cpu_used: float) -> float:
     """The process's CPU beyond what the ops used, per stage item, over a window (``inf``
     when no item went through)."""
@@ -204,9 +248,16 @@ def process_hop(costs: Sequence[StageCost], cpu_used: float) -> float:
     return max(0.0, cpu_used - in_ops) / hops
 
 
-def _waits(c: StageCost, budget: float) -> bool:
+def _waits(c: StageCost, budget: float, *, start: bool = False) -> bool:
     """Whether the stage only waits: its op is on the CPU for less than :data:`WAITS` of
-    its wall time, and its CPU in all is a small part of the budget."""
+    its wall time, and its CPU in all is a small part of the budget. At ``start`` the
+    second test is not made: over the first items neither their CPU (cold) nor their rate
+    (the first ones finishing together) is what they cost once running, and an async stage
+    grown early to 256 coroutines finished its first 120 at once, read 0.2 cores of cold
+    CPU, and was sized at 223 for the CPU it would not use. (Threads waiting for cores
+    look idle only when they far outnumber the cores, which a stage does not at start.)"""
     if c.cpu is None or not c.wall:
         return False
-    return c.cpu / c.wall < WAITS and c.rate * c.cpu < WAITING_CORES * budget
+    if c.cpu / c.wall >= WAITS:
+        return False
+    return start or c.rate * c.cpu < WAITING_CORES * budget

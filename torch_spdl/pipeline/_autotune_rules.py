@@ -36,7 +36,7 @@ from ._autotune_config import (
     Decision,
     StageSample,
 )
-from ._autotune_model import StageCost, model_targets, process_hop
+from ._autotune_model import StageCost, early_target, model_targets, process_hop
 from ._autotune_probes import cpu_count
 
 __all__ = ["AutotuneController"]
@@ -165,14 +165,46 @@ class AutotuneController:
                 done[s.name] = done.get(s.name, 0) + s.costed
         ready = all(done.get(s.name, 0) >= self.config.model_items for s in tunable if s.measured)
         if not ready and len(self._window) < self.config.model_ticks:
-            return {}
+            return self._early_step(sample, done)
         window, self._window = self._window, []
         if self._model_why == "first items":
             self._base = sum(s.throughput for s in window) / len(window)
         self.phase = "baseline"
         changes = self._jump_to_model(window, self._model_why)
-        self._unjudged = bool(changes)  # short ticks measure costs well, throughput not
+        self._unjudged = self.phase == "trial"  # short ticks measure costs well, throughput not
         return changes
+
+    def _early_step(self, sample: AutotuneSample, done: dict[str, int]) -> dict[str, int]:
+        """Before any of its items has finished, grow an async stage whose items in flight
+        wait (:func:`early_target`): the model's step comes once they finish, a whole wait
+        later, and a short epoch has lost that wait at the starting concurrency. Taken
+        again each tick as the items age (when it asks for ``remodel_factor`` times more,
+        or the bound); the model's step is then judged with what these steps did."""
+        changes: dict[str, int] = {}
+        for i, s in enumerate(sample.stages):
+            if not s.tunable or not s.pending or done.get(s.name, 0):
+                continue
+            cpus = [w.stages[i].cpu_busy for w in self._window]
+            if any(c is None for c in cpus):
+                continue
+            target = early_target(
+                pending=s.pending,
+                age=s.pending_age,
+                cpu=sum(cpus) / s.pending,  # type: ignore[arg-type]
+                bound=s.max_concurrency,
+                budget=self.config.cpu_budget * self.cores,
+                stages=len(sample.stages),
+            )
+            if target is None:
+                continue
+            old = self._conc.get(s.name, s.concurrency)
+            n = max(target.concurrency, self._floor.get(s.name, 1))
+            if n <= old or (n < self.config.remodel_factor * old and n < s.max_concurrency):
+                continue
+            changes[s.name] = n
+            self._trial[s.name] = (self._trial.get(s.name, (old, n))[0], n)
+            self._note(f"early {s.name}: {old} -> {n} ({target.reason})", s.name, n)
+        return self._apply(changes) if changes else {}
 
     def _costs(self, window: list[AutotuneSample]) -> tuple[list[StageCost], float]:
         """Per-stage costs over ``window``, and the process's CPU over it in cores."""
@@ -241,17 +273,20 @@ class AutotuneController:
             return {}
         changes: dict[str, int] = {}
         start = why == "first items"
+        early = dict(self._trial)  # the early steps (if any), judged with this one
         for name, (n, reason) in self._model_changes(window, start=start).items():
             old = self._conc.get(name, 1)
             n = max(1, n)
             if n == old:
                 continue
             changes[name] = n
-            self._trial[name] = (old, n)
+            self._trial[name] = (early.get(name, (old, n))[0], n)
             self._note(f"model {name}: {old} -> {n} ({why}: {reason})", name, n)
-        if not changes:
+        if not self._trial:
             self._note(f"model ({why}): the concurrency held is right")
             return {}
+        if not changes:
+            self._note(f"model ({why}): the early steps were right")
         self._jump = True
         self.phase = "trial"
         return self._apply(changes)

@@ -421,15 +421,24 @@ class OpStage(Node):
     def reading(self) -> StageReading:
         """Cumulative counters for the autotuner."""
         metered: int | None = None
+        pending, since = 0, None
         if self.meter is not None:
             items, metered, busy, cpu = self.meter.totals()
+            pending, since = self.meter.waiting() or (0, None)
         else:
             with self._lock:
                 counters = list(self._counters)
             items = sum(c.num_in for c in counters)
             busy, cpu = sum(c.op_time for c in counters), None
         return StageReading(
-            items, busy, cpu, QueueReading.of(self.inbox), QueueReading.of(self.outbox), metered
+            items,
+            busy,
+            cpu,
+            QueueReading.of(self.inbox),
+            QueueReading.of(self.outbox),
+            metered,
+            pending,
+            since,
         )
 
     def set_concurrency(self, n: int) -> int:

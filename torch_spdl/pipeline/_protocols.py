@@ -154,7 +154,9 @@ class QueueReading:
 class StageReading:
     """A stage's cumulative counters: items taken, the wall and CPU seconds its op spent on
     ``metered`` of them (``cpu`` None: not measured; ``metered`` None: on all of them), and
-    its input and output queues."""
+    its input and output queues; and, until the first metered call of an async op finishes,
+    how many are in flight (``pending``) and when the first started (``pending_since``,
+    ``time.perf_counter``; None after, and for other ops)."""
 
     items: int
     busy: float
@@ -162,6 +164,8 @@ class StageReading:
     inbox: QueueReading
     outbox: QueueReading
     metered: int | None = None
+    pending: int = 0
+    pending_since: float | None = None
 
 
 class TunableStage(Protocol):

@@ -111,6 +111,14 @@ class Runtime:
             for node in self.nodes:
                 node.bind(self)
                 node.launch(self)
+            if self._tracer is not None:
+                self._tracer.reset_origin()  # time 0 of the trace is now
+            if self._autotuner is not None:
+                # First, so that its first reading is before any item: started after the
+                # loop's thread, it waited for the GIL while the loop started its coroutines,
+                # and its first look at them came 2 ms after they began to wait.
+                self._threads.append(self._autotuner.thread)
+                self._autotuner.thread.start()
             if self._task_factories or self._background:
                 self._loop = asyncio.new_event_loop()
                 # asyncio's own default executor, but named and owned: shut down in _run_loop.
@@ -129,10 +137,7 @@ class Runtime:
                     self._background_started.wait()
             if self._reporter is not None:
                 self._threads.append(self._reporter.thread)
-            if self._autotuner is not None:
-                self._threads.append(self._autotuner.thread)
             if self._tracer is not None:
-                self._tracer.reset_origin()  # time 0 of the trace is now
                 self._threads.append(self._tracer.thread)
             with self._lock:  # start_thread may append while these start
                 threads = list(self._threads)
