@@ -749,6 +749,14 @@ def test_an_async_stage_whose_items_wait_is_grown_before_any_finishes() -> None:
     assert ctl.phase == "model" and ctl.interval == AutotuneConfig().model_interval
 
 
+def test_no_early_step_over_the_memory_limit() -> None:
+    config = AutotuneConfig(cpu_budget=0.4, memory_limit=1 << 30)
+    ctl = AutotuneController(config, cores=2)
+    over = dataclasses.replace(waiting(0.002, 16, 20e-6, 16), rss=2 << 30)
+    assert ctl.step(over) == {}
+    assert ctl.step(dataclasses.replace(over, rss=1 << 29)) == {"io": 256}
+
+
 def test_items_that_burn_the_loop_before_finishing_are_not_grown_early() -> None:
     # 16 items in flight for 1 ms, 200 us of the loop each (20% of their time): not waiting
     # (the loop may be what they wait for). Nothing is grown before their costs are known.

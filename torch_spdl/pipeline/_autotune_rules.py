@@ -179,8 +179,11 @@ class AutotuneController:
         wait (:func:`early_target`): the model's step comes once they finish, a whole wait
         later, and a short epoch has lost that wait at the starting concurrency. Taken
         again each tick as the items age (when it asks for ``remodel_factor`` times more,
-        or the bound); the model's step is then judged with what these steps did."""
+        or the bound); the model's step is then judged with what these steps did. None
+        over the memory limit: items in flight hold memory before they cost CPU."""
         changes: dict[str, int] = {}
+        if self._over_memory(sample.rss):
+            return changes
         for i, s in enumerate(sample.stages):
             if not s.tunable or not s.pending or done.get(s.name, 0):
                 continue
