@@ -659,6 +659,39 @@ def test_a_scale_back_still_over_the_budget_is_scaled_back_again_on_short_ticks(
     assert model.cpu(model.conf, model.throughput()) <= 0.4
 
 
+def test_a_stage_brought_down_for_the_budget_grows_back_at_once_when_it_gets_cheaper() -> None:
+    # 64 coroutines waiting 5 ms at 100 us of CPU per item: 64% of 2 cores, scaled back to
+    # 40. Then each item costs half (on 2 cores, the kernel put the loop's thread and the
+    # consumer's back on one core): 20% at 40. The budget pays for twice as many now; the
+    # stage grows back to just under its ceiling (half above 40) at once, judged on short
+    # ticks like a model step, not by a climb trial judged on a full window.
+    per_item = {"cpu": 0.0001}
+    model = Costed(
+        {"io": latency(200)},
+        {"io": waits(0.005)},
+        {"io": 0.00001},
+        cores=2,
+        cpu=lambda conf, tput: tput * per_item["cpu"] / 2,
+    )
+    config = AutotuneConfig(cpu_budget=0.4)
+    ctl = AutotuneController(config, cores=2)
+    for _ in range(40):
+        tick(ctl, model)
+        if ctl.decisions and ctl.decisions[-1].startswith("keep"):
+            break
+    assert model.conf["io"] == 40, ctl.decisions
+    per_item["cpu"] = 0.00005
+    for _ in range(20):
+        tick(ctl, model)
+        if model.conf["io"] > 40:
+            break
+    assert ctl.decisions[-1].startswith("model io: 40 -> 59 (refine"), ctl.decisions
+    assert ctl.interval == config.check_interval  # judged on short ticks
+    run(ctl, model, 20)
+    assert model.conf["io"] == 59, ctl.decisions
+    assert model.cpu(model.conf, model.throughput()) <= 0.4
+
+
 def test_a_saturated_stage_is_scaled_back_by_littles_law_in_one_step() -> None:
     # 64 coroutines waiting 5 ms could do 12,800/s, but the event loop saturates at
     # 8,000/s: over the budget, the workers are cut to what the affordable rate needs

@@ -302,7 +302,7 @@ class AutotuneController:
             self._note(f"at the CPU budget ({cpu:.0%}): hold")
             return self._hold()
         if self.config.model and self._last:
-            grow = self._model_growth()
+            grow = self._model_growth(cpu)
             if grow:
                 return grow
         proposal = self._propose(latest, cpu) or self._propose_trim(latest)
@@ -315,15 +315,26 @@ class AutotuneController:
         self._note(f"try {name}: {old} -> {new} (throughput {self._base:.1f}/s)", name, new)
         return self._apply({name: new})
 
-    def _model_growth(self) -> dict[str, int]:
+    def _model_growth(self, cpu: float) -> dict[str, int]:
         """The model again, on the window just measured (costs per item fall as the rate
         rises: wake-ups amortise): a joint trial when it asks for at least
-        ``remodel_factor`` times more of some stage."""
+        ``remodel_factor`` times more of some stage.
+
+        A stage brought down for the CPU budget is not modelled again, but it may grow
+        back so, judged on short ticks, when the budget now pays for that much more of it
+        (:meth:`_affordable`, within its ceiling): on 2 cores its CPU per item halves when
+        the kernel puts the loop's thread and the consumer's back on one core, and a
+        trial of the climb, judged on a full window, came after a 30,000-item run (0.75
+        s) was over."""
         factor = self.config.remodel_factor
         changes: dict[str, int] = {}
         for name, (n, reason) in self._model_changes(self._last).items():
             old = self._conc.get(name, 1)
-            if name in self._unmodelled:
+            if name in self._cpu_bound and cpu > 0:
+                paid = self._affordable(name, old, self.config.cpu_budget / cpu)
+                if paid < n:
+                    n, reason = paid, f"the CPU budget pays for {paid} at {cpu:.0%} now"
+            elif name in self._unmodelled:
                 continue
             if n >= factor * old or (n > old and n - old >= 8 and n >= 1.25 * old):
                 changes[name] = n
@@ -331,6 +342,8 @@ class AutotuneController:
                 self._note(f"model {name}: {old} -> {n} (refine: {reason})", name, n)
         if changes:
             self._jump = True
+            # growing back within the budget: kept unless it goes over it (short ticks)
+            self._unjudged = any(name in self._cpu_bound for name in changes)
             self.phase = "trial"
             self._apply(changes)
         return changes
