@@ -165,7 +165,7 @@ class AutotuneController:
                 done[s.name] = done.get(s.name, 0) + s.costed
         ready = all(done.get(s.name, 0) >= self.config.model_items for s in tunable if s.measured)
         if not ready and len(self._window) < self.config.model_ticks:
-            return self._early_step(sample, done)
+            return self._early_step(sample)
         window, self._window = self._window, []
         if self._model_why == "first items":
             self._base = sum(s.throughput for s in window) / len(window)
@@ -174,7 +174,7 @@ class AutotuneController:
         self._unjudged = self.phase == "trial"  # short ticks measure costs well, throughput not
         return changes
 
-    def _early_step(self, sample: AutotuneSample, done: dict[str, int]) -> dict[str, int]:
+    def _early_step(self, sample: AutotuneSample) -> dict[str, int]:
         """Before any of its items has finished, grow an async stage whose items in flight
         wait (:func:`early_target`): the model's step comes once they finish, a whole wait
         later, and a short epoch has lost that wait at the starting concurrency. Taken
@@ -185,7 +185,7 @@ class AutotuneController:
         if self._over_memory(sample.rss):
             return changes
         for i, s in enumerate(sample.stages):
-            if not s.tunable or not s.pending or done.get(s.name, 0):
+            if not s.tunable or not s.pending:  # (pending: none of its items finished yet)
                 continue
             cpus = [w.stages[i].cpu_busy for w in self._window]
             if any(c is None for c in cpus):
