@@ -628,19 +628,25 @@ def test_the_model_step_is_checked_on_short_ticks() -> None:
     assert model.conf["io"] == 39
 
 
-def test_a_scale_back_still_over_the_budget_is_scaled_back_again_on_short_ticks() -> None:
-    # The CPU per item can rise after the first scale-back (on 2 cores it about doubles
-    # once the load spreads the pipeline's threads over both cores, and stays so): the
-    # scaled-back step is judged again on short ticks and scaled back again, before any
-    # full window, then kept within the budget.
-    per_item = {"cpu": 0.0001}
-    model = Costed(
+def priced_per_item(per_item: dict[str, float]) -> Costed:
+    """Coroutines waiting 5 ms on 2 cores whose process CPU per item is ``per_item["cpu"]``
+    (which the test may change as it goes)."""
+    return Costed(
         {"io": latency(200)},
         {"io": waits(0.005)},
         {"io": 0.00001},
         cores=2,
         cpu=lambda conf, tput: tput * per_item["cpu"] / 2,
     )
+
+
+def test_a_scale_back_still_over_the_budget_is_scaled_back_again_on_short_ticks() -> None:
+    # The CPU per item can rise after the first scale-back (on 2 cores it about doubles
+    # once the load spreads the pipeline's threads over both cores, and stays so): the
+    # scaled-back step is judged again on short ticks and scaled back again, before any
+    # full window, then kept within the budget.
+    per_item = {"cpu": 0.0001}
+    model = priced_per_item(per_item)
     config = AutotuneConfig(cpu_budget=0.4, check_interval=0.02)
     ctl = AutotuneController(config, cores=2)
     intervals = []
@@ -666,13 +672,7 @@ def test_a_stage_brought_down_for_the_budget_grows_back_at_once_when_it_gets_che
     # stage grows back to just under its ceiling (half above 40) at once, judged on short
     # ticks like a model step, not by a climb trial judged on a full window.
     per_item = {"cpu": 0.0001}
-    model = Costed(
-        {"io": latency(200)},
-        {"io": waits(0.005)},
-        {"io": 0.00001},
-        cores=2,
-        cpu=lambda conf, tput: tput * per_item["cpu"] / 2,
-    )
+    model = priced_per_item(per_item)
     config = AutotuneConfig(cpu_budget=0.4)
     ctl = AutotuneController(config, cores=2)
     for _ in range(40):
