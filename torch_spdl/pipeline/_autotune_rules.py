@@ -276,14 +276,14 @@ class AutotuneController:
             return {}
         changes: dict[str, int] = {}
         start = why == "first items"
-        early = dict(self._trial)  # the early steps (if any), judged with this one
         for name, (n, reason) in self._model_changes(window, start=start).items():
             old = self._conc.get(name, 1)
             n = max(1, n)
             if n == old:
                 continue
             changes[name] = n
-            self._trial[name] = (early.get(name, (old, n))[0], n)
+            # judged with the early steps (if any): from where the stage started
+            self._trial[name] = (self._trial.get(name, (old, n))[0], n)
             self._note(f"model {name}: {old} -> {n} ({why}: {reason})", name, n)
         if not self._trial:
             self._note(f"model ({why}): the concurrency held is right")
