@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 import threading
 import time
@@ -590,6 +591,28 @@ def test_a_waiting_stage_over_the_budget_at_its_bound_is_scaled_back_to_it() -> 
     assert any(d.startswith("scale io back: 64 -> 39") for d in ctl.decisions), ctl.decisions
     assert all(h["io"] == 39 for h in history[-30:])
     assert model.cpu(model.conf, model.throughput()) <= 0.4 * 1.1
+
+
+def test_the_climb_does_not_take_a_cpu_bound_stage_far_past_the_cores() -> None:
+    # A decode stage on 2 cores, its op on the CPU 89% of its wall time (0.4 of 0.45 ms),
+    # threads past two waiting for a core. Throughput creeps up 4% per doubling all the
+    # same (on a shared machine, noise looks like that): more than the 3% a trial must
+    # gain, so the climb alone would keep every doubling up to 32. It stops at twice the
+    # workers that use the budget (2 cores / 0.89: 2 workers, so 4).
+    def rate(c: int) -> float:
+        return 2000 * min(c, 2) * (1 + 0.04 * math.log2(max(c, 2) / 2))
+
+    model = Costed(
+        {"decode": rate},
+        {"decode": lambda c: 0.00045 * max(1.0, c / 2)},
+        {"decode": 0.0004},
+        cores=2,
+    )
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
+    history = run(ctl, model, 120)
+    assert ctl.decisions[0].startswith("model decode: 1 -> 2"), ctl.decisions
+    assert max(h["decode"] for h in history) == 4, ctl.decisions
+    assert ctl.phase == "steady"
 
 
 def tick(ctl: AutotuneController, model: Model) -> float:

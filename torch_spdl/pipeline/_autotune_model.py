@@ -41,6 +41,7 @@ __all__ = [
     "WAITS",
     "StageCost",
     "Target",
+    "cores_cap",
     "early_target",
     "model_targets",
     "process_hop",
@@ -158,14 +159,8 @@ def model_targets(
         reason = f"{c.wall * 1e3:.2f} ms/item"
         if share is not None and share > 0:
             reason += f", {share:.0%} on the CPU"
-            # The cores the budget allows, from the share seen least contended: threads that
-            # wait for a core look less busy, and more of them would only wait longer.
-            assert c.cpu is not None
-            # A thread uses at most one core: a share above 1 is the clocks' granularity,
-            # and would cost a worker (budget 2 cores / 1.02 = 1).
-            top = min(1.0, max(share, c.cpu / c.least_wall if c.least_wall else share))
-            cap = max(1, math.floor(budget / top + 1e-9))
-            if cap < n:
+            cap = cores_cap(c, budget)
+            if cap is not None and cap < n:
                 n, why = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"
         n = max(1, min(n, c.bound))
         out[c.name] = Target(n, f"{reason}; {why}; Little's law: {n}")
@@ -235,6 +230,20 @@ def early_target(
         f"CPU: they wait; the CPU budget pays for {rate:,.0f}/s; Little's law at twice their "
         f"age: {n}",
     )
+
+
+def cores_cap(c: StageCost, budget: float) -> int | None:
+    """How many workers of stage ``c`` use ``budget`` cores, from the share of its wall time
+    its op is on the CPU (None when that is not measured). The share is the one seen least
+    contended: threads that wait for a core look less busy, and more of them would only
+    wait longer."""
+    if c.cpu is None or not c.wall or c.cpu <= 0:
+        return None
+    share = c.cpu / c.wall
+    # A thread uses at most one core: a share above 1 is the clocks' granularity, and would
+    # cost a worker (budget 2 cores / 1.02 = 1).
+    top = min(1.0, max(share, c.cpu / c.least_wall if c.least_wall else share))
+    return max(1, math.floor(budget / top + 1e-9))
 
 
 def process_hop(costs: Sequence[StageCost], cpu_used: float) -> float:

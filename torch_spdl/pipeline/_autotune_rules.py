@@ -36,12 +36,18 @@ from ._autotune_config import (
     Decision,
     StageSample,
 )
-from ._autotune_model import StageCost, early_target, model_targets, process_hop
+from ._autotune_model import StageCost, cores_cap, early_target, model_targets, process_hop
 from ._autotune_probes import cpu_count
 
 __all__ = ["AutotuneController"]
 
 _LG = logging.getLogger("torch_spdl.pipeline.autotune")
+
+# The climb grows a stage to at most this many times the workers that use the CPU budget
+# (:func:`cores_cap`): room for ops that also wait a little, or whose share was read low,
+# but not for 18 decode threads on 2 cores, kept trial by trial for gains (over 3%) within
+# a shared machine's noise, each costing a window.
+_CLIMB_OVER_CORES = 2
 
 
 class AutotuneController:
@@ -403,6 +409,15 @@ class AutotuneController:
         cur = self._conc.get(s.name, s.concurrency)
         return s.name, cur, _quarter_fewer(cur, s.min_concurrency)
 
+    def _climb_cap(self, name: str) -> int | None:
+        """The most workers the climb tries for stage ``name``: :data:`_CLIMB_OVER_CORES`
+        times what uses the CPU budget at the CPU share measured (None: not measured)."""
+        if not self._last:
+            return None
+        c = next((c for c in self._costs(self._last)[0] if c.name == name), None)
+        cap = None if c is None else cores_cap(c, self.config.cpu_budget * self.cores)
+        return None if cap is None else _CLIMB_OVER_CORES * cap
+
     def _propose(self, latest: AutotuneSample, cpu: float) -> tuple[str, int, int] | None:
         """The bottleneck among tunable stages and the concurrency to try for it.
 
@@ -413,7 +428,9 @@ class AutotuneController:
         trial is then the headroom's worth (a stage at 35% of a 40% budget tries about a
         seventh more, not the bisection's quarter), and it is kept if it fits. Other
         stages are not capped so: the process's CPU may be mostly outside them (a training
-        step), and growing them costs little of it."""
+        step), and growing them costs little of it. Every stage whose CPU share is
+        measured grows to at most :data:`_CLIMB_OVER_CORES` times the workers that use the
+        budget (:meth:`_climb_cap`)."""
         margin = self.config.bottleneck_margin
         best: StageSample | None = None
         for s in latest.stages:
@@ -438,6 +455,11 @@ class AutotuneController:
             new = min(new, self._affordable(best.name, cur, self.config.cpu_budget / cpu))
             if new <= cur:
                 return None  # the budget pays for no more of it
+        most = self._climb_cap(best.name)
+        if most is not None and new > most:
+            new = most
+            if new <= cur:
+                return None  # more threads would only wait for the cores
         return best.name, cur, min(new, best.max_concurrency)
 
     def _judge(
