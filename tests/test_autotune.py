@@ -598,7 +598,8 @@ def test_the_climb_does_not_take_a_cpu_bound_stage_far_past_the_cores() -> None:
     # threads past two waiting for a core. Throughput creeps up 4% per doubling all the
     # same (on a shared machine, noise looks like that): more than the 3% a trial must
     # gain, so the climb alone would keep every doubling up to 32. It stops at twice the
-    # workers that use the budget (2 cores / 0.89: 2 workers, so 4).
+    # workers that use the budget (2 cores / 0.89, rounded up with the budget at every
+    # core: 3 workers, so 6).
     def rate(c: int) -> float:
         return 2000 * min(c, 2) * (1 + 0.04 * math.log2(max(c, 2) / 2))
 
@@ -610,9 +611,23 @@ def test_the_climb_does_not_take_a_cpu_bound_stage_far_past_the_cores() -> None:
     )
     ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
     history = run(ctl, model, 120)
-    assert ctl.decisions[0].startswith("model decode: 1 -> 2"), ctl.decisions
-    assert max(h["decode"] for h in history) == 4, ctl.decisions
+    assert ctl.decisions[0].startswith("model decode: 1 -> 3"), ctl.decisions
+    assert max(h["decode"] for h in history) == 6, ctl.decisions
     assert ctl.phase == "steady"
+
+
+@pytest.mark.parametrize(("budget", "workers"), [(1.0, 3), (0.5, 2)])
+def test_a_cpu_bound_stage_is_sized_at_the_cores_the_budget_allows(
+    budget: float, workers: int
+) -> None:
+    # Its op on the CPU 89% of its wall time: 2 cores' worth is 2.25 workers. With the
+    # budget at every core (2 of 2) the process cannot go over it, and the fraction of a
+    # worker is rounded up (time off the CPU between items); with 2 cores of 4 it is
+    # rounded down, within the budget.
+    model = Costed({"decode": cores(2000, 64)}, {"decode": waits(0.00045)}, {"decode": 0.0004})
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=budget), cores=round(2 / budget))
+    run(ctl, model, 3)
+    assert ctl.decisions[0].startswith(f"model decode: 1 -> {workers} "), ctl.decisions
 
 
 def tick(ctl: AutotuneController, model: Model) -> float:

@@ -93,9 +93,10 @@ class AutotuneController:
 
     @property
     def interval(self) -> float:
-        """How long the next tick should be: short while the model measures, and while
-        its step is checked against the budgets (the check needs no throughput to beat, so
-        a few short ticks tell; a step over the CPU budget is scaled back within 0.1 s)."""
+        """How long the next tick should be: short while the model measures, while its
+        step is checked against the budgets (the check needs no throughput to beat, so a
+        few short ticks tell; a step over the CPU budget is scaled back within 0.1 s), and
+        while a step so kept is watched over the next full window's time."""
         if self.phase == "model":
             return self.config.model_interval
         if self.phase == "trial" and self._unjudged or self._probation:
@@ -282,6 +283,7 @@ class AutotuneController:
             sink_occupancy=full,
             price_process=not start,
             cheapest_hop=self._cheapest_hop,
+            cores=self.cores,
         )
         out = {}
         for name, (n, why) in targets.items():
@@ -415,7 +417,8 @@ class AutotuneController:
         if not self._last:
             return None
         c = next((c for c in self._costs(self._last)[0] if c.name == name), None)
-        cap = None if c is None else cores_cap(c, self.config.cpu_budget * self.cores)
+        budget = self.config.cpu_budget * self.cores
+        cap = None if c is None else cores_cap(c, budget, cores=self.cores)
         return None if cap is None else _CLIMB_OVER_CORES * cap
 
     def _propose(self, latest: AutotuneSample, cpu: float) -> tuple[str, int, int] | None:
