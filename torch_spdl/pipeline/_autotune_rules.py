@@ -70,7 +70,6 @@ class AutotuneController:
         self._trial: dict[str, tuple[int, int]] = {}  # stage: (old, new)
         self._jump = False  # the trial is the model's joint step
         self._unjudged = False  # ... taken in the model phase: kept unless over a budget
-        self._probation: dict[str, tuple[int, int]] = {}  # such a step, kept: watched closely
         self._model_why = "first items"
         self._trimmed: set[str] = set()  # stages whose trim was tried at this configuration
         self._undo: list[tuple[str, int]] = []  # kept growths, newest last
@@ -93,13 +92,12 @@ class AutotuneController:
 
     @property
     def interval(self) -> float:
-        """How long the next tick should be: short while the model measures, while its
-        step is checked against the budgets (the check needs no throughput to beat, so a
-        few short ticks tell; a step over the CPU budget is scaled back within 0.1 s), and
-        while a step so kept is watched over the next full window's time."""
+        """How long the next tick should be: short while the model measures, and while
+        its step is checked against the budgets (the check needs no throughput to beat, so
+        a few short ticks tell; a step over the CPU budget is scaled back within 0.1 s)."""
         if self.phase == "model":
             return self.config.model_interval
-        if self.phase == "trial" and self._unjudged or self._probation:
+        if self.phase == "trial" and self._unjudged:
             return self.config.check_interval
         return self.config.interval
 
@@ -125,14 +123,8 @@ class AutotuneController:
             return {}
         self._window.append(sample)
         checking = self.phase == "trial" and self._unjudged
-        cfg = self.config
-        needed = cfg.measure_ticks
-        if checking:
-            needed = cfg.check_ticks
-        elif self._probation:  # a full window's time, in short ticks
-            needed = max(cfg.measure_ticks, round(needed * cfg.interval / cfg.check_interval))
-        far = (checking or bool(self._probation)) and self._far_over(sample.cpu)
-        if len(self._window) < needed and not far:
+        needed = self.config.check_ticks if checking else self.config.measure_ticks
+        if len(self._window) < needed:
             return {}
         window, self._window = self._window, []
         self._last = window
@@ -140,9 +132,6 @@ class AutotuneController:
         cpu = sum(s.cpu for s in window) / len(window)
         rss = max((s.rss for s in window if s.rss is not None), default=None)
         latest = window[-1]
-        kept, self._probation = self._probation, {}
-        if kept and far:
-            return self._scale_back(kept, tput, sample.cpu, recheck=True)
         if self.phase == "trial":
             return self._judge(tput, cpu, rss, latest)
         if self.phase == "steady":
@@ -163,11 +152,6 @@ class AutotuneController:
     def _over(self, cpu: float, rss: int | None) -> bool:
         cfg = self.config
         return cpu > cfg.cpu_budget * (1 + cfg.cpu_tolerance) or self._over_memory(rss)
-
-    def _far_over(self, cpu: float) -> bool:
-        """Over the budget by twice the tolerance (48% against 40%): no edge, and no
-        noise either, so one tick tells."""
-        return cpu > self.config.cpu_budget * (1 + 2 * self.config.cpu_tolerance)
 
     def _apply(self, changes: dict[str, int]) -> dict[str, int]:
         self._conc.update(changes)
@@ -311,14 +295,10 @@ class AutotuneController:
         if not self._trial:
             self._note(f"model ({why}): the concurrency held is right")
             return {}
+        if not changes:
+            self._note(f"model ({why}): the early steps were right")
         self._jump = True
         self.phase = "trial"
-        if not changes:
-            # Nothing changes now: the pipeline has run at the early steps' sizes since
-            # before its first items finished, so there is nothing to let settle.
-            self._note(f"model ({why}): the early steps were right")
-            self._skip = 0
-            return {}
         return self._apply(changes)
 
     # -- the climb -------------------------------------------------------------------------
@@ -496,15 +476,12 @@ class AutotuneController:
             self._trimmed.clear()
             self.phase = "baseline"
             if unjudged:
-                self._probation = trial
                 # A few short ticks catch a step that is over the budget at once, not one
                 # that drifts over it as the pipeline settles (on 2 cores, threads sharing
                 # one core hand the GIL over cheaply until the scheduler moves one to the
                 # other core, and the CPU per item doubles). So the next full window is the
-                # step's baseline and its second judgment, in short ticks: one tick far over
-                # the budget scales the step back there and then (in a 3,000-item run, 80
-                # ms, the drift came after the check and the window never ended); over
-                # the budget across the window, it is shrunk at once, not after two more.
+                # step's baseline and its second judgment: over the budget there, it is
+                # scaled down at once, not after two held windows.
                 return {}
             return self._decide(cpu, rss, latest)
         if within:
@@ -633,7 +610,7 @@ class AutotuneController:
         # far over (twice the tolerance: 48% against a 40% budget), which is no edge (on
         # 2 cores, the CPU per item doubles once the threads spread over both cores, and
         # over a run of 0.75 s two windows of it were most of the run).
-        far = self._far_over(cpu)
+        far = cpu > self.config.cpu_budget * (1 + 2 * self.config.cpu_tolerance)
         self._over_windows = self._over_windows + 1 if self._over(cpu, rss) else 0
         if self._over_windows >= 2 or far:
             self._over_windows = 0
