@@ -394,9 +394,7 @@ class AutotuneController:
     def _climb_cap(self, name: str) -> int | None:
         """The most workers the climb tries for stage ``name``: :data:`_CLIMB_OVER_CORES`
         times what uses the CPU budget at the CPU share measured (None: not measured)."""
-        if not self._last:
-            return None
-        c = next((c for c in self._costs(self._last)[0] if c.name == name), None)
+        c = self._last_cost(name)
         budget = self.config.cpu_budget * self.cores
         cap = None if c is None else cores_cap(c, budget, cores=self.cores)
         return None if cap is None else _CLIMB_OVER_CORES * cap
@@ -552,12 +550,16 @@ class AutotuneController:
         with the rate, and a stage whose rate stopped growing with its workers, because the
         event loop or the GIL is saturated, needs far fewer of them than the ratio says)."""
         n = math.floor(workers * ratio)
-        if self._last:
-            c = next((c for c in self._costs(self._last)[0] if c.name == name), None)
-            wall = c.least_wall or c.wall if c is not None else None
-            if c is not None and wall and c.rate > 0:
-                n = min(n, math.ceil(c.rate * ratio * wall - 1e-9))
+        c = self._last_cost(name)
+        wall = c.least_wall or c.wall if c is not None else None
+        if c is not None and wall and c.rate > 0:
+            n = min(n, math.ceil(c.rate * ratio * wall - 1e-9))
         return n
+
+    def _last_cost(self, name: str) -> StageCost | None:
+        """Stage ``name``'s costs over the last full window (None: no window yet)."""
+        costs = self._costs(self._last)[0] if self._last else []
+        return next((c for c in costs if c.name == name), None)
 
     def _shrink(self, cpu: float, rss: int | None, latest: AutotuneSample) -> dict[str, int]:
         """Over the CPU budget or memory limit: undo the newest kept growth; without one,
