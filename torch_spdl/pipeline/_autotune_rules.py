@@ -211,9 +211,14 @@ class AutotuneController:
             if n <= old or (n < self.config.remodel_factor * old and n < s.max_concurrency):
                 continue
             changes[s.name] = n
-            self._trial[s.name] = (self._trial.get(s.name, (old, n))[0], n)
+            self._grow_trial(s.name, old, n)
             self._note(f"early {s.name}: {old} -> {n} ({target.reason})", s.name, n)
         return self._apply(changes) if changes else {}
+
+    def _grow_trial(self, name: str, old: int, new: int) -> None:
+        """Stage ``name`` goes from ``old`` to ``new`` within the trial under way: the
+        trial keeps the value it started from (an early step's, before the model's)."""
+        self._trial[name] = (self._trial.get(name, (old, new))[0], new)
 
     def _costs(self, window: list[AutotuneSample]) -> tuple[list[StageCost], float]:
         """Per-stage costs over ``window``, and the process's CPU over it in cores."""
@@ -289,8 +294,7 @@ class AutotuneController:
             if n == old:
                 continue
             changes[name] = n
-            # judged with the early steps (if any): from where the stage started
-            self._trial[name] = (self._trial.get(name, (old, n))[0], n)
+            self._grow_trial(name, old, n)  # judged with the early steps, if any
             self._note(f"model {name}: {old} -> {n} ({why}: {reason})", name, n)
         if not self._trial:
             self._note(f"model ({why}): the concurrency held is right")
