@@ -3,15 +3,17 @@
 Stages of one pipeline run on worker threads (sync ops) or on the pipeline's event loop
 (async ops), so the queue between two stages must serve either kind on either end. The fast
 path (the queue is neither empty nor full) is one uncontended lock and one deque operation;
-only a caller that must wait allocates a waiter, and a put or get wakes exactly one waiter
-on the other side. Coroutines woken from their own loop's thread are resumed directly, and
-only a cross-thread wake pays for ``call_soon_threadsafe``.
+only a caller that must wait allocates a waiter, and a put wakes exactly one waiting
+reader. Coroutines woken from their own loop's thread are resumed directly, and only a
+cross-thread wake pays for ``call_soon_threadsafe`` (one per loop for a batch of them).
 
 A producer blocked on a full channel is woken by the get that leaves at most ``refill_at``
-items (by default, the first get that makes room). A source feeding coroutines is woken
-only once its channel is half empty: the loop would otherwise hand the GIL to the source's
-thread once per key, which at tens of thousands of items a second was a third of the
-process's CPU; woken at half, it refills in bursts.
+items: by default the first get that makes room, one producer per place. A channel
+between the loop and a thread refills in bursts instead (``refill_at`` at half): its
+producers are woken once it is half empty, all that fit at once. Each wake there crosses
+threads: a source feeding coroutines would be handed the GIL once per key, which at tens
+of thousands of items a second was a third of the process's CPU; coroutines feeding the
+consumer's thread would wake the loop once per item.
 """
 
 from __future__ import annotations
@@ -67,6 +69,11 @@ def _resolve(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+def _resolve_all(futs: list[asyncio.Future[None]]) -> None:
+    for fut in futs:
+        _resolve(fut)
+
+
 class _AsyncWaiter:
     __slots__ = ("fut", "_loop", "_thread")
 
@@ -80,6 +87,25 @@ class _AsyncWaiter:
             _resolve(self.fut)
         elif not self._loop.is_closed():
             self._loop.call_soon_threadsafe(_resolve, self.fut)
+
+
+def _wake_together(waiters: list[Any]) -> None:
+    """Wake ``waiters``, in order; coroutines waiting on another thread's loop with one
+    ``call_soon_threadsafe`` per loop (each call wakes that loop's thread: a system call
+    and a GIL hand-off)."""
+    if len(waiters) == 1:
+        waiters[0].wake()
+        return
+    me = threading.get_ident()
+    remote: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    for waiter in waiters:
+        if isinstance(waiter, _AsyncWaiter) and waiter._thread != me:
+            remote.setdefault(waiter._loop, []).append(waiter.fut)
+        else:
+            waiter.wake()
+    for loop, futs in remote.items():
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(_resolve_all, futs)
 
 
 class Channel(Generic[T]):
@@ -101,6 +127,7 @@ class Channel(Generic[T]):
         "_mutex",
         "_getters",
         "_putters",
+        "_woken",
         "_closed",
         "close_error",
         "_abort",
@@ -119,6 +146,7 @@ class Channel(Generic[T]):
         self._mutex = threading.Lock()
         self._getters: deque[Any] = deque()
         self._putters: deque[Any] = deque()
+        self._woken = 0  # putters woken for room that have not come back to put yet
         self._closed = False
         self.close_error: BaseException | None = None
         self._abort: ChannelAborted | None = None
@@ -146,8 +174,11 @@ class Channel(Generic[T]):
 
     def put(self, item: T) -> None:
         """Append ``item``, blocking the calling thread while the channel is full."""
+        woken = False
         while True:
             with self._mutex:
+                if woken:
+                    self._back()
                 if self._try_put(item):
                     return
                 waiter = _ThreadWaiter()
@@ -157,16 +188,41 @@ class Channel(Generic[T]):
             except BaseException:
                 self._abandon(waiter, self._putters)
                 raise
+            woken = True
 
     async def aput(self, item: T) -> None:
         """Append ``item``, suspending the calling coroutine while the channel is full."""
+        woken = False
         while True:
             with self._mutex:
+                if woken:
+                    self._back()
                 if self._try_put(item):
                     return
                 waiter = _AsyncWaiter()
                 self._putters.append(waiter)
             await self._await(waiter, self._putters)
+            woken = True
+
+    def _wake_putters(self, room: int) -> None:
+        """Wake blocked producers for ``room`` free places (under the mutex).
+
+        Filling in bursts (``refill_at`` below ``capacity - 1``), the room is filled by one
+        wake of all that fit, made once the producers woken before are back: waking more
+        as each get makes room would be one wake per item again. Otherwise each get wakes
+        one producer for the place it made (room less those woken and not back yet)."""
+        if self.refill_at < self.capacity - 1:
+            more = 0 if self._woken else room
+        else:
+            more = room - self._woken
+        more = min(more, len(self._putters))
+        if more > 0:
+            self._woken += more
+            _wake_together([self._putters.popleft() for _ in range(more)])
+
+    def _back(self) -> None:
+        """A putter woken for room is back (under the mutex)."""
+        self._woken = max(0, self._woken - 1)
 
     def close(self, error: BaseException | None = None) -> None:
         """End the stream; readers see ``EOF`` (and ``close_error``) after draining."""
@@ -206,7 +262,7 @@ class Channel(Generic[T]):
             self.n_gets += 1
             self.depth_sum += len(items)
             if self._putters and len(items) <= self.refill_at:
-                self._putters.popleft().wake()
+                self._wake_putters(self.capacity - len(items))
             return item
         if self._abort is not None:
             raise self._abort
@@ -273,4 +329,6 @@ class Channel(Generic[T]):
             except ValueError:
                 if queue:
                     queue.popleft().wake()
+                elif queue is self._putters:
+                    self._back()  # woken for room that no one will take
                 return False
