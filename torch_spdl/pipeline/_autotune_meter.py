@@ -18,10 +18,15 @@ starts, so a stage with a fixed concurrency runs exactly the loop it ran before.
   the process's CPU).
 
 Each thread adds to its own cell (no lock on the hot path); readers sum the cells. After
-its first :data:`EVERY_ITEM` calls, a worker meters one call in :data:`SAMPLE_EVERY`
-(the others run the bare op, and are only counted): per-item costs are averages, and the
-meter's own cost (a few clock reads; for an async op, driving the coroutine step by step,
-several microseconds) then stays a small fraction of a fast op.
+its first :data:`EVERY_ITEM` calls, a worker meters one call in ``stride`` (the others run
+the bare op, and are only counted): per-item costs are averages, and the meter's own cost
+(a few clock reads; for an async op, driving the coroutine step by step) then stays a
+small fraction of a fast op. The stride starts at :data:`SAMPLE_EVERY` and is paced to
+about one metered call per :data:`PACE` seconds per worker: a fixed one in 8 metered 5,000
+calls a second on an event loop running 256 coroutines at 40,000 items a second, and cost
+its thread 1 us per item (10% of its CPU, 2% of the rate against the same stage at a fixed
+concurrency); paced, a 0.3 s window still sees hundreds of metered calls. Which calls are
+metered depends on how many came before, not on what they cost, so the average stays fair.
 """
 
 from __future__ import annotations
@@ -34,11 +39,13 @@ from typing import Any
 __all__ = ["EVERY_ITEM", "SAMPLE_EVERY", "StageMeter"]
 
 EVERY_ITEM = 16
-SAMPLE_EVERY = 8
+SAMPLE_EVERY = 8  # the least stride
+MAX_STRIDE = 1024
+PACE = 0.001  # seconds between metered calls of one worker, about
 
 
 class _Cell:
-    __slots__ = ("calls", "items", "wall", "cpu", "open", "first")
+    __slots__ = ("calls", "items", "wall", "cpu", "open", "first", "stride", "last")
 
     def __init__(self) -> None:
         self.calls = 0  # every call, metered or not
@@ -47,11 +54,25 @@ class _Cell:
         self.cpu = 0.0
         self.open = 0  # metered async calls in flight
         self.first = 0.0  # when the first metered async call started (0: none yet)
+        self.stride = SAMPLE_EVERY  # past the first calls, one call in this many is metered
+        self.last = 0.0  # when the last metered call started
 
     def skip(self) -> bool:
         """Count a call; True when it is not to be metered."""
         self.calls = n = self.calls + 1
-        return n > EVERY_ITEM and n % SAMPLE_EVERY != 0
+        return n > EVERY_ITEM and n % self.stride != 0
+
+    def pace(self, now: float) -> None:
+        """A metered call starts at ``now``: double the stride when metered calls come
+        more than twice as often as :data:`PACE`, halve it when less than half as often.
+        (Doubling keeps the calls metered at a multiple of the old stride.)"""
+        gap, self.last = now - self.last, now
+        if self.calls <= EVERY_ITEM:
+            return
+        if gap < PACE / 2 and self.stride < MAX_STRIDE:
+            self.stride *= 2
+        elif gap > 2 * PACE and self.stride > SAMPLE_EVERY:
+            self.stride //= 2
 
 
 class StageMeter:
@@ -114,6 +135,7 @@ class StageMeter:
                     yield from op(item)
                     return
                 t0, c0 = wall(), cpu()
+                cell.pace(t0)
                 try:
                     yield from op(item)
                 finally:
@@ -128,6 +150,7 @@ class StageMeter:
             if cell.skip():
                 return op(item)
             t0, c0 = wall(), cpu()
+            cell.pace(t0)
             try:
                 return op(item)
             finally:
@@ -161,6 +184,7 @@ class StageMeter:
                     yield out
                 return
             t0 = wall()
+            cell.pace(t0)
             try:
                 async for out in op(item):
                     yield out
@@ -187,6 +211,7 @@ class _Metered:
 def _drive(steps: Any, cell: _Cell) -> Generator[Any, Any, Any]:
     cpu, wall = time.thread_time, time.perf_counter
     start = wall()
+    cell.pace(start)
     if not cell.first:
         cell.first = start
     cell.open += 1
