@@ -42,6 +42,7 @@ from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
 from ._region import RegionStage
 from ._runtime import Runtime
 from ._source import SourceNode
+from ._source import on_loop as source_on_loop
 from ._thread_stage import ThreadStage
 
 __all__ = ["build", "build_pipeline", "queue_capacity"]
@@ -171,13 +172,14 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
     # 23-25 to 20-21 us when the kernel spreads the threads over 2 cores. Between threads
     # the wakes stay one per get: worker threads share the GIL with their producer anyway,
     # and a producer kept waiting there risks starving them.
-    on_loop = [isinstance(s, PipeConfig) and s.kind.is_async for s in config.stages]
+    looped = [isinstance(s, PipeConfig) and s.kind.is_async for s in config.stages]
+    source_looped = source_on_loop(config.source)
 
     def crosses(i: int) -> bool:
         """Whether channel ``i`` (the input of stage ``i``; the last one is the sink) joins
-        the loop and a thread: the source and the consumer are threads."""
-        writer = i > 0 and on_loop[i - 1]
-        reader = i < len(on_loop) and on_loop[i]
+        the loop and a thread (the consumer is a thread)."""
+        writer = looped[i - 1] if i > 0 else source_looped
+        reader = i < len(looped) and looped[i]
         return writer != reader
 
     channels: list[Channel[Any]] = []

@@ -16,7 +16,13 @@ from ._node import Node
 if TYPE_CHECKING:
     from ._protocols import Supervisor
 
-__all__ = ["SourceNode"]
+__all__ = ["SourceNode", "on_loop"]
+
+
+def on_loop(source: Any) -> bool:
+    """Whether ``source`` runs on the pipeline's event loop: an async iterable that is not
+    also a sync one (a sync iterable runs on a thread of its own)."""
+    return not isinstance(source, Iterable) and isinstance(source, AsyncIterable)
 
 
 class SourceNode(Node):
@@ -29,7 +35,7 @@ class SourceNode(Node):
 
     @property
     def is_async(self) -> bool:
-        return not isinstance(self.source, Iterable) and isinstance(self.source, AsyncIterable)
+        return on_loop(self.source)
 
     def launch(self, runtime: Supervisor) -> None:
         if self.is_async:
