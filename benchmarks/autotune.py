@@ -300,7 +300,7 @@ def part_workloads(repeats: int, quick: bool) -> None:
             # The reference is the level a user sweeping would pick: the fastest in the
             # sweep, of those within the budget here. Picking the fastest of these runs
             # instead would pick on the same noise it is then measured with (the most of
-            # five medians, each +-10% here, sits a few percent above what that level
+            # several medians, each +-10% here, sits above what that level
             # does), so that figure is printed beside it, not used.
             sweep_rate = dict(sweep)
             best = max(within, key=lambda c: sweep_rate[c].rate)
