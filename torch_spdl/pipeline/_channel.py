@@ -93,9 +93,6 @@ def _wake_together(waiters: list[Any]) -> None:
     """Wake ``waiters``, in order; coroutines waiting on another thread's loop with one
     ``call_soon_threadsafe`` per loop (each call wakes that loop's thread: a system call
     and a GIL hand-off)."""
-    if len(waiters) == 1:
-        waiters[0].wake()
-        return
     me = threading.get_ident()
     remote: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
     for waiter in waiters:
@@ -216,7 +213,10 @@ class Channel(Generic[T]):
         else:
             more = room - self._woken
         more = min(more, len(self._putters))
-        if more > 0:
+        if more == 1:  # one get, one place: the usual case between threads
+            self._woken += 1
+            self._putters.popleft().wake()
+        elif more > 1:
             self._woken += more
             _wake_together([self._putters.popleft() for _ in range(more)])
 
