@@ -861,6 +861,54 @@ def test_the_early_steps_are_judged_with_the_model_step_and_scaled_back_to_the_s
     assert ctl.decisions[-1].startswith("scale io back: 256 -> "), ctl.decisions
 
 
+def _checked_model_step(cpu: float) -> tuple[AutotuneController, dict[str, int]]:
+    """Grown early to 256 coroutines and kept by the model; then the short ticks that
+    check the step read ``cpu``. Returns the controller and what the check changed."""
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
+    assert ctl.step(waiting(0.002, 16, 20e-6, 16)) == {"io": 256}
+    done = one_stage(
+        10_000.0, 0.3, 0.001, concurrency=256, max_concurrency=256, out_occupancy=0.0,
+        items=16, busy=16 * 0.0052, cpu_busy=16 * 5e-6,
+    )  # fmt: skip
+    assert ctl.step(done) == {}
+    checked = one_stage(
+        40_000.0, cpu, 0.01, concurrency=256, max_concurrency=256, out_occupancy=0.0,
+        items=400, busy=400 * 0.0052, cpu_busy=400 * 5e-6,
+    )  # fmt: skip
+    changes: dict[str, int] = {}
+    for _ in range(AutotuneConfig().settle_ticks + AutotuneConfig().check_ticks):
+        changes = changes or ctl.step(checked)
+    return ctl, changes
+
+
+def test_a_model_step_within_the_band_but_over_the_budget_is_trimmed_to_it() -> None:
+    # The check reads 42%: within the tolerance band (44%), which a held setting may use,
+    # but over the budget (40%), which the step aimed at. It is trimmed by the excess alone,
+    # 256 x 40/42 rounded up (not by Little's law on the start-up's rate), and the trim is
+    # checked again on short ticks.
+    ctl, changes = _checked_model_step(0.42)
+    assert changes == {"io": 244}, ctl.decisions
+    assert ctl.decisions[-1].startswith("scale io back: 256 -> 244 (CPU 42%"), ctl.decisions
+    assert ctl.interval == AutotuneConfig().check_interval
+
+
+def test_a_model_step_within_the_budget_is_kept() -> None:
+    ctl, changes = _checked_model_step(0.39)
+    assert changes == {}, ctl.decisions
+    assert ctl.decisions[-1].startswith("keep the model's step"), ctl.decisions
+
+
+def test_a_few_workers_are_not_cut_for_an_excess_smaller_than_one_of_them() -> None:
+    # Two CPU-bound threads under a budget of all the cores read 101% (the clocks' noise):
+    # 2 x 100/101 rounds up to 2. The step is kept; a cut to 1 would halve the rate.
+    model = Costed({"cpu": cores(1000, 2)}, {"cpu": waits(0.001)}, {"cpu": 0.001}, cores=2)
+    ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
+    history = run(ctl, model, 30)
+    assert model.cpu(model.conf, model.throughput()) > 1.0
+    assert all(h["cpu"] == 2 for h in history[2:]), ctl.decisions
+    assert not any(d.startswith("scale") for d in ctl.decisions), ctl.decisions
+
+
 def test_the_first_items_of_a_waiting_stage_are_not_taken_for_cpu_bound() -> None:
     # Grown early to 256 coroutines, the stage finishes 120 items within the first 8 ms,
     # at a cold 15 us each: 0.22 cores, over a quarter of the budget, though each item is

@@ -457,7 +457,13 @@ class AutotuneController:
         if jump and not self._over_memory(rss):
             if self._over(cpu, rss):
                 return self._scale_back(trial, tput, cpu, recheck=unjudged)
-            within = True  # the model's step may use the tolerance band, as a held one does
+            if cpu > self.config.cpu_budget and self._trims(trial, cpu):
+                # Within the band but over the budget: the model's step aims at the budget,
+                # and the band is for what is held (a window's noise must not shrink a
+                # setting that was right), not room to step into. Kept at the band's edge,
+                # a short run ends over it once the start-up's CPU is added.
+                return self._scale_back(trial, tput, cpu, recheck=unjudged, fine=True)
+            within = True
             if unjudged:  # its base was a few short ticks: noise, not a rate to beat
                 gain = max(gain, self.config.min_gain * 2)
         if gain > self.config.min_gain and within:
@@ -511,11 +517,25 @@ class AutotuneController:
         following = self._decide(cpu, rss, latest)  # the next bottleneck, or hold
         return {**revert, **following}
 
+    def _trims(self, trial: dict[str, tuple[int, int]], cpu: float) -> bool:
+        """Whether a ``fine`` scale-back (:meth:`_scale_back`) changes any stage."""
+        ratio = self.config.cpu_budget / cpu
+        return any(old < new and _cut_by(new, ratio) < new for old, new in trial.values())
+
     def _scale_back(
-        self, trial: dict[str, tuple[int, int]], tput: float, cpu: float, *, recheck: bool
+        self,
+        trial: dict[str, tuple[int, int]],
+        tput: float,
+        cpu: float,
+        *,
+        recheck: bool,
+        fine: bool = False,
     ) -> dict[str, int]:
         """The model's step went over the CPU budget: bring the grown stages down to what
-        the budget pays for (:meth:`_affordable`), keep the rest.
+        the budget pays for (:meth:`_affordable`), keep the rest. ``fine`` (the step is
+        within the tolerance band): trim them by the excess alone, rounded up, so a stage
+        of a few workers loses none for an excess smaller than one of them, and with no
+        Little's law on the rate of short ticks, which is still the start-up's.
 
         With ``recheck`` (the step was judged on short ticks), the scaled-back step is
         judged again the same way: the CPU per item is not proportional everywhere (on 2
@@ -527,7 +547,10 @@ class AutotuneController:
         for name, (old, new) in trial.items():
             if new <= old:
                 continue
-            n = max(old, min(new - 1, self._affordable(name, new, ratio)))
+            if fine:
+                n = max(old, _cut_by(new, ratio))
+            else:
+                n = max(old, min(new - 1, self._affordable(name, new, ratio)))
             self._ceiling[name] = min(new, self._ceiling.get(name, new), _above(n))
             self._unmodelled.add(name)
             self._cpu_bound.add(name)
@@ -645,6 +668,11 @@ class AutotuneController:
             return {}
         self.phase = "baseline"
         return self._decide(cpu, rss, latest)
+
+
+def _cut_by(workers: int, ratio: float) -> int:
+    """``workers`` scaled by ``ratio`` (at most 1), rounded up."""
+    return math.ceil(workers * ratio - 1e-9)
 
 
 def _above(n: int) -> int:
