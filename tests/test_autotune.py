@@ -837,30 +837,6 @@ def test_items_that_burn_the_loop_before_finishing_are_not_grown_early() -> None
     assert ctl.decisions == []
 
 
-def test_the_early_steps_are_judged_with_the_model_step_and_scaled_back_to_the_start() -> None:
-    # Grown early to 256, the first items finish (5.2 ms, 0.1% on the CPU: the model keeps
-    # 256). The step is still judged, on short ticks, as a model step: at 48% of the cores
-    # (over the budget's band) it is scaled back, never below where the stage started.
-    ctl = AutotuneController(AutotuneConfig(cpu_budget=0.4), cores=2)
-    assert ctl.step(waiting(0.002, 16, 20e-6, 16)) == {"io": 256}
-    done = one_stage(
-        10_000.0, 0.3, 0.001, concurrency=256, max_concurrency=256, out_occupancy=0.0,
-        items=16, busy=16 * 0.0052, cpu_busy=16 * 5e-6,
-    )  # fmt: skip
-    assert ctl.step(done) == {}
-    assert ctl.decisions[-1] == "model (first items): the early steps were right"
-    assert ctl.interval == AutotuneConfig().check_interval
-    over = one_stage(
-        40_000.0, 0.48, 0.01, concurrency=256, max_concurrency=256, out_occupancy=0.0,
-        items=400, busy=400 * 0.0052, cpu_busy=400 * 5e-6,
-    )  # fmt: skip
-    changes: dict[str, int] = {}
-    for _ in range(AutotuneConfig().settle_ticks + AutotuneConfig().check_ticks):
-        changes = changes or ctl.step(over)
-    assert 16 <= changes["io"] < 256, ctl.decisions
-    assert ctl.decisions[-1].startswith("scale io back: 256 -> "), ctl.decisions
-
-
 def _checked_model_step(cpu: float) -> tuple[AutotuneController, dict[str, int]]:
     """Grown early to 256 coroutines and kept by the model; then the short ticks that
     check the step read ``cpu``. Returns the controller and what the check changed."""
@@ -871,6 +847,8 @@ def _checked_model_step(cpu: float) -> tuple[AutotuneController, dict[str, int]]
         items=16, busy=16 * 0.0052, cpu_busy=16 * 5e-6,
     )  # fmt: skip
     assert ctl.step(done) == {}
+    assert ctl.decisions[-1] == "model (first items): the early steps were right"
+    assert ctl.interval == AutotuneConfig().check_interval
     checked = one_stage(
         40_000.0, cpu, 0.01, concurrency=256, max_concurrency=256, out_occupancy=0.0,
         items=400, busy=400 * 0.0052, cpu_busy=400 * 5e-6,
@@ -879,6 +857,15 @@ def _checked_model_step(cpu: float) -> tuple[AutotuneController, dict[str, int]]
     for _ in range(AutotuneConfig().settle_ticks + AutotuneConfig().check_ticks):
         changes = changes or ctl.step(checked)
     return ctl, changes
+
+
+def test_the_early_steps_are_judged_with_the_model_step_and_scaled_back_to_the_start() -> None:
+    # Grown early to 256, the first items finish (5.2 ms, 0.1% on the CPU: the model keeps
+    # 256). The step is still judged, on short ticks, as a model step: at 48% of the cores
+    # (over the budget's band) it is scaled back, never below where the stage started.
+    ctl, changes = _checked_model_step(0.48)
+    assert 16 <= changes["io"] < 256, ctl.decisions
+    assert ctl.decisions[-1].startswith("scale io back: 256 -> "), ctl.decisions
 
 
 def test_a_model_step_within_the_band_but_over_the_budget_is_trimmed_to_it() -> None:
