@@ -616,15 +616,18 @@ def test_the_climb_does_not_take_a_cpu_bound_stage_far_past_the_cores() -> None:
     assert ctl.phase == "steady"
 
 
-@pytest.mark.parametrize(("budget", "workers"), [(1.0, 3), (0.5, 2)])
+@pytest.mark.parametrize(
+    ("budget", "cpu", "workers"), [(1.0, 0.0004, 3), (0.5, 0.0004, 2), (1.0, 0.00045, 3)]
+)
 def test_a_cpu_bound_stage_is_sized_at_the_cores_the_budget_allows(
-    budget: float, workers: int
+    budget: float, cpu: float, workers: int
 ) -> None:
     # Its op on the CPU 89% of its wall time: 2 cores' worth is 2.25 workers. With the
-    # budget at every core (2 of 2) the process cannot go over it, and the fraction of a
-    # worker is rounded up (time off the CPU between items); with 2 cores of 4 it is
-    # rounded down, within the budget.
-    model = Costed({"decode": cores(2000, 64)}, {"decode": waits(0.00045)}, {"decode": 0.0004})
+    # budget at every core (2 of 2) the process cannot go over it, and a worker more
+    # keeps the cores busy between items; with 2 cores of 4 it is rounded down, within
+    # the budget. On the CPU all of its wall time (its first items can read so), 2 cores'
+    # worth is 2 workers, and at every core it is 3 all the same.
+    model = Costed({"decode": cores(2000, 64)}, {"decode": waits(0.00045)}, {"decode": cpu})
     ctl = AutotuneController(AutotuneConfig(cpu_budget=budget), cores=round(2 / budget))
     run(ctl, model, 3)
     assert ctl.decisions[0].startswith(f"model decode: 1 -> {workers} "), ctl.decisions
@@ -662,6 +665,11 @@ def test_the_model_step_is_checked_on_short_ticks() -> None:
     for _ in range(checked):
         assert tick(ctl, model) == config.check_interval
     assert ctl.decisions[-1].startswith("keep the model's step"), ctl.decisions
+    # then the model looks again over look_ticks short ticks (a stage brought down for the
+    # budget is left as it is) and the controller goes back to its interval
+    assert ctl.interval == config.check_interval
+    for _ in range(config.look_ticks):
+        assert tick(ctl, model) == config.check_interval
     assert ctl.interval == config.interval
     assert model.conf["io"] == 39
 
@@ -886,13 +894,14 @@ def test_a_model_step_within_the_budget_is_kept() -> None:
 
 
 def test_a_few_workers_are_not_cut_for_an_excess_smaller_than_one_of_them() -> None:
-    # Two CPU-bound threads under a budget of all the cores read 101% (the clocks' noise):
-    # 2 x 100/101 rounds up to 2. The step is kept; a cut to 1 would halve the rate.
+    # Three CPU-bound threads (2 cores' worth, and a worker more) under a budget of all
+    # the cores read 101% (the clocks' noise): 3 x 100/101 rounds up to 3. The step is
+    # kept; a cut to 2 would cost the rate what the third worker adds.
     model = Costed({"cpu": cores(1000, 2)}, {"cpu": waits(0.001)}, {"cpu": 0.001}, cores=2)
     ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
     history = run(ctl, model, 30)
     assert model.cpu(model.conf, model.throughput()) > 1.0
-    assert all(h["cpu"] == 2 for h in history[2:]), ctl.decisions
+    assert all(h["cpu"] == 3 for h in history[2:]), ctl.decisions
     assert not any(d.startswith("scale") for d in ctl.decisions), ctl.decisions
 
 
@@ -974,18 +983,68 @@ def test_model_sizes_a_cpu_stage_to_the_cores_the_budget_allows() -> None:
     assert "100% on the CPU; the CPU budget pays for" in ctl.decisions[0]
 
 
-def test_model_sizes_a_waiting_stage_for_what_the_next_stage_takes() -> None:
-    # io waits 4 ms per item; the CPU stage can do 2 x 500/s = 1000/s within the budget:
-    # io needs 1000/s x 4 ms = 4 in flight, 5 with a quarter to spare.
-    model = Costed(
+def io_then_cpu(cpu: dict[str, float]) -> Costed:
+    """io waits 4 ms per item, then a stage on the CPU all of its wall time, ``cpu["cpu"]``
+    seconds per item (2 ms: 500/s per core), on 2 cores. ``cpu`` is the model's own: a
+    new ``cpu["cpu"]`` changes the stage's wall and CPU time per item at once."""
+    cpu["io"] = 0.00001
+    return Costed(
         {"io": latency(250), "cpu": cores(500, 2)},
-        {"io": waits(0.004), "cpu": waits(0.002)},
-        {"io": 0.00001, "cpu": 0.002},
+        {"io": waits(0.004), "cpu": lambda c: cpu["cpu"]},
+        cpu,
         cores=2,
     )
+
+
+def test_model_sizes_a_waiting_stage_for_what_the_next_stage_takes() -> None:
+    # io waits 4 ms per item; the CPU stage can do 2 x 500/s = 1000/s within the budget:
+    # io needs 1000/s x 4 ms = 4 in flight, 5 with a quarter to spare. The CPU stage gets
+    # the 2 workers that fill the cores, and one more (the budget is every core).
+    model = io_then_cpu({"cpu": 0.002})
     ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
     run(ctl, model, 3)
-    assert model.conf == {"io": 5, "cpu": 2}
+    assert model.conf == {"io": 5, "cpu": 3}
+
+
+def test_the_model_looks_again_at_warm_items_before_the_first_full_window() -> None:
+    # The CPU stage's first items run cold, at three times their cost: the budget seems to
+    # pay for a third of the rate, and io is sized for that. Once the step is kept, the
+    # look measures warm items over a few short ticks and grows io for the rate the CPU
+    # stage can do (io 2 -> 5, as test_model_sizes_a_waiting_stage_for_what_the_next_stage_takes
+    # sizes it from warm items), judged on short ticks, before the climb's first window.
+    cost = {"cpu": 0.006}
+    model = io_then_cpu(cost)
+    config = AutotuneConfig(cpu_budget=1.0)
+    ctl = AutotuneController(config, cores=2)
+    tick(ctl, model)
+    assert model.conf["io"] == 2, ctl.decisions
+    cost["cpu"] = 0.002  # warm
+    intervals = []
+    while not any("look again" in d for d in ctl.decisions) and len(intervals) < 20:
+        intervals.append(tick(ctl, model))
+    assert ctl.decisions[-1].startswith("model io: 2 -> 5 (look again: "), ctl.decisions
+    assert set(intervals) == {config.check_interval}
+    assert not any(d.startswith("try") for d in ctl.decisions)
+    assert ctl.interval == config.check_interval  # the growth is judged on short ticks
+    for _ in range(config.settle_ticks + config.check_ticks):
+        tick(ctl, model)
+    assert ctl.decisions[-1].startswith("keep the model's step"), ctl.decisions
+    assert model.conf == {"io": 5, "cpu": 3}
+
+
+def test_the_look_grows_nothing_the_first_step_sized_right() -> None:
+    # Warm from the first items: the look finds nothing to grow, and the controller goes
+    # on to its full windows without a change.
+    model = io_then_cpu({"cpu": 0.002})
+    config = AutotuneConfig(cpu_budget=1.0)
+    ctl = AutotuneController(config, cores=2)
+    run(ctl, model, 1 + config.settle_ticks + config.check_ticks + config.look_ticks)
+    assert [d.split(" (")[0] for d in ctl.decisions] == [
+        "model cpu: 1 -> 3",
+        "model io: 1 -> 5",
+        "keep the model's step: 1000.0/s within the budgets",
+    ], ctl.decisions
+    assert ctl.interval == config.interval
 
 
 def test_model_respects_a_fixed_stage_downstream() -> None:
@@ -1279,7 +1338,8 @@ def test_min_concurrency_is_where_an_autotuned_stage_starts_at_least() -> None:
 def test_threads_waiting_for_cores_are_not_taken_for_waiting_on_io() -> None:
     # A CPU-bound op on 2 cores: with more threads than cores each item waits for a core,
     # so its wall time grows and its CPU share falls. The model sizes it from the share it
-    # saw least contended (whatever trials measured since): 2 workers, however long the run.
+    # saw least contended (whatever trials measured since): 2 workers, and one more for the
+    # budget of every core (:func:`cores_cap`), however long the run.
     model = Costed(
         {"cpu": cores(1000, 2)},
         {"cpu": lambda c: 0.001 * max(1.0, c / 2)},
@@ -1288,8 +1348,8 @@ def test_threads_waiting_for_cores_are_not_taken_for_waiting_on_io() -> None:
     )
     ctl = AutotuneController(AutotuneConfig(cpu_budget=1.0), cores=2)
     history = run(ctl, model, 300)
-    assert history[2]["cpu"] == 2, ctl.decisions
-    assert all(h["cpu"] == 2 for h in history[-100:])
+    assert history[2]["cpu"] == 3, ctl.decisions
+    assert all(h["cpu"] == 3 for h in history[-100:])
     assert not any(d.startswith("model") and "-> 4" in d for d in ctl.decisions)
 
 

@@ -56,7 +56,8 @@ class AutotuneConfig:
     seconds (after ``settle_ticks`` of them): the step is kept unless it goes over a
     budget, and a short window finds that out before a short epoch is over (at the
     default, 30 ms after the step instead of 400: a run of 3,000 items at 40,000/s lasts
-    75 ms).
+    75 ms). Once the step is kept, the model looks again over ``look_ticks`` more such
+    ticks, measured at the new concurrency, before the climb's first full window.
     """
 
     cpu_budget: float = DEFAULT_CPU_BUDGET
@@ -76,6 +77,7 @@ class AutotuneConfig:
     remodel_factor: float = 1.25
     check_interval: float = 0.01
     check_ticks: int = 2
+    look_ticks: int = 4
 
     def __post_init__(self) -> None:
         if not 0 < self.cpu_budget <= 1:
@@ -93,8 +95,10 @@ class AutotuneConfig:
                 f"(model_interval {self.model_interval!r}, "
                 f"check_interval {self.check_interval!r})"
             )
-        if self.measure_ticks < 1 or self.check_ticks < 1 or self.settle_ticks < 0:
-            raise ValueError("measure_ticks and check_ticks must be >= 1, settle_ticks >= 0")
+        if min(self.measure_ticks, self.check_ticks, self.look_ticks) < 1 or self.settle_ticks < 0:
+            raise ValueError(
+                "measure_ticks, check_ticks and look_ticks must be >= 1, settle_ticks >= 0"
+            )
         if self.model_items < 1 or self.model_ticks < 1:
             raise ValueError("model_items and model_ticks must be >= 1")
 

@@ -155,7 +155,8 @@ def model_targets(
             waiting.append(c)
             continue
         target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
-        if demand < target:
+        by_budget = demand >= target  # the budget, not the rest of the pipeline, limits
+        if not by_budget:
             target, why = demand, demand_why
         n = math.ceil(flow[c.name] * target * c.wall - 1e-9)  # Little's law
         reason = f"{c.wall * 1e3:.2f} ms/item"
@@ -164,6 +165,12 @@ def model_targets(
             cap = cores_cap(c, budget, cores=cores)
             if cap is not None and cap < n:
                 n, why = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"
+            elif cap is not None and n < cap and by_budget and _every_core(budget, cores):
+                # The budget is every core, which the process cannot go over: a worker more
+                # keeps the cores busy while the others are between items (:func:`cores_cap`;
+                # Little's law at 100% on the CPU asks for just the cores).
+                n += 1
+                why += ", a worker more to keep every core busy"
         n = max(1, min(n, c.bound))
         out[c.name] = Target(n, f"{reason}; {why}; Little's law: {n}")
     # A stage that only waits costs (almost) no CPU: it is sized for what the rest of the
@@ -240,20 +247,26 @@ def cores_cap(c: StageCost, budget: float, *, cores: float | None = None) -> int
     contended: threads that wait for a core look less busy, and more of them would only
     wait longer.
 
-    Rounded down, so as not to go over the budget; but rounded up when the budget is all
-    the ``cores`` there are, which the process cannot go over: the fraction of a worker
-    left makes up for the time each spends off the CPU between items (PIL decode on 2
-    cores, 97% on the CPU: 2 workers by the share, and 3 ran 9% faster, in the median
-    of six interleaved sets)."""
+    Rounded down, so as not to go over the budget; but one worker more when the budget is
+    all the ``cores`` there are, which the process cannot go over: it makes up for the
+    time each spends off the CPU between items (PIL decode on 2 cores, 97% on the CPU: 2
+    workers by the share, and 3 ran 9% faster, in the median of six interleaved sets). A
+    share read at 100% (a first item's wall and CPU times agree within the clocks'
+    granularity) is no exception: 3 workers, not 2."""
     if c.cpu is None or not c.wall or c.cpu <= 0:
         return None
     share = c.cpu / c.wall
     # A thread uses at most one core: a share above 1 is the clocks' granularity, and would
     # cost a worker (budget 2 cores / 1.02 = 1).
     top = min(1.0, max(share, c.cpu / c.least_wall if c.least_wall else share))
-    if cores is not None and budget >= cores:
-        return max(1, math.ceil(budget / top - 1e-9))
+    if _every_core(budget, cores):
+        return math.floor(budget / top + 1e-9) + 1
     return max(1, math.floor(budget / top + 1e-9))
+
+
+def _every_core(budget: float, cores: float | None) -> bool:
+    """Whether the CPU budget (in cores) is every core the process may use."""
+    return cores is not None and budget >= cores
 
 
 def process_hop(costs: Sequence[StageCost], cpu_used: float) -> float:

@@ -7,6 +7,8 @@ every rule can be tested on synthetic samples: it reads no clock and starts no t
    wall and CPU seconds per item, Little's law sizes every autotuned stage at once
    (``_autotune_model.py``). The jump is judged like any trial: reverted if it breaks the
    memory limit or does not raise throughput, scaled back if it goes over the CPU budget.
+   Once it is kept, the model looks again over a few more short ticks, at the new
+   concurrency (the first items are few, and run cold), and grows what it under-sized.
 2. **Hill-climb**: change one stage at a time (double the bottleneck, or bisect towards a
    value known not to help; trim a stage that waits on the others) and keep a change only
    if delivered throughput rises by more than ``min_gain`` within the budgets, so every
@@ -53,8 +55,9 @@ _CLIMB_OVER_CORES = 2
 class AutotuneController:
     """Decides concurrency changes from samples; holds no thread and reads no clock.
 
-    Phases: ``model`` (the first ticks: measure what items cost), ``baseline`` (measure the
-    current configuration), ``trial`` (stages were resized; keep or revert), ``steady``
+    Phases: ``model`` (the first ticks: measure what items cost), ``look`` (a few short
+    ticks after the model's step: measure again), ``baseline`` (measure the current
+    configuration), ``trial`` (stages were resized; keep or revert), ``steady``
     (nothing to try; watch for a workload change or for going over budget). ``cores`` is
     what ``cpu`` fractions are of (default: the cores this process may use).
     """
@@ -71,6 +74,7 @@ class AutotuneController:
         self._jump = False  # the trial is the model's joint step
         self._unjudged = False  # ... taken in the model phase: kept unless over a budget
         self._model_why = "first items"
+        self._look_due = False  # the model's step is to be looked at again once it is kept
         self._trimmed: set[str] = set()  # stages whose trim was tried at this configuration
         self._undo: list[tuple[str, int]] = []  # kept growths, newest last
         self._ceiling: dict[str, int] = {}  # a concurrency known not to help, per stage
@@ -97,7 +101,7 @@ class AutotuneController:
         a few short ticks tell; a step over the CPU budget is scaled back within 0.1 s)."""
         if self.phase == "model":
             return self.config.model_interval
-        if self.phase == "trial" and self._unjudged:
+        if self.phase == "look" or (self.phase == "trial" and self._unjudged):
             return self.config.check_interval
         return self.config.interval
 
@@ -124,6 +128,8 @@ class AutotuneController:
         self._window.append(sample)
         checking = self.phase == "trial" and self._unjudged
         needed = self.config.check_ticks if checking else self.config.measure_ticks
+        if self.phase == "look":
+            needed = self.config.look_ticks
         if len(self._window) < needed:
             return {}
         window, self._window = self._window, []
@@ -134,6 +140,8 @@ class AutotuneController:
         latest = window[-1]
         if self.phase == "trial":
             return self._judge(tput, cpu, rss, latest)
+        if self.phase == "look":
+            return self._look(cpu, rss)
         if self.phase == "steady":
             return self._watch(tput, cpu, rss, latest)
         self._base = tput
@@ -178,6 +186,9 @@ class AutotuneController:
         self.phase = "baseline"
         changes = self._jump_to_model(window, self._model_why)
         self._unjudged = self.phase == "trial"  # short ticks measure costs well, throughput not
+        self._look_due = True
+        if self.phase == "baseline":  # nothing to judge: look again at once
+            self._look_due, self.phase = False, "look"
         return changes
 
     def _early_step(self, sample: AutotuneSample) -> dict[str, int]:
@@ -255,10 +266,10 @@ class AutotuneController:
         return costs, cpu_cores * self.cores
 
     def _model_changes(
-        self, window: list[AutotuneSample], *, start: bool = False
+        self, window: list[AutotuneSample], *, start: bool = False, remember: bool = True
     ) -> dict[str, tuple[int, str]]:
         costs, cpu_cores = self._costs(window)
-        if not start:
+        if not start and remember:
             self._cheapest_hop = min(self._cheapest_hop, process_hop(costs, cpu_cores))
         # A full sink says the consumer sets the pace, but not over the first items: a
         # stage started at 256 coroutines (where the last build left it) finishes its first
@@ -307,13 +318,14 @@ class AutotuneController:
 
     # -- the climb -------------------------------------------------------------------------
     def _decide(self, cpu: float, rss: int | None, latest: AutotuneSample) -> dict[str, int]:
+        self._look_due = False  # a full window was measured: the climb's model looks now
         if self._over(cpu, rss):
             return self._shrink(cpu, rss, latest)
         if cpu >= self.config.cpu_budget or self._over_memory(rss):
             self._note(f"at the CPU budget ({cpu:.0%}): hold")
             return self._hold()
         if self.config.model and self._last:
-            grow = self._model_growth(cpu)
+            grow = self._model_growth(cpu, self._last)
             if grow:
                 return grow
         proposal = self._propose(latest, cpu) or self._propose_trim(latest)
@@ -326,10 +338,32 @@ class AutotuneController:
         self._note(f"try {name}: {old} -> {new} (throughput {self._base:.1f}/s)", name, new)
         return self._apply({name: new})
 
-    def _model_growth(self, cpu: float) -> dict[str, int]:
-        """The model again, on the window just measured (costs per item fall as the rate
-        rises: wake-ups amortise): a joint trial when it asks for at least
-        ``remodel_factor`` times more of some stage.
+    def _look(self, cpu: float, rss: int | None) -> dict[str, int]:
+        """The model's step was kept: the model again, on the few short ticks just measured
+        at the new concurrency, growing what it now asks ``remodel_factor`` times more of
+        (:meth:`_model_growth`), judged on short ticks like the step.
+
+        The step's costs came from the first items: two of them per stage, run cold. A
+        decode thread's first item read 100% on the CPU and sized the stage at 2 workers,
+        where 3 run faster on 2 cores; a decode's cold first items, priced at three times
+        their cost, sized the I/O stage before it for a third of the rate; the climb's
+        model saw both on its first full window, 0.35 s in, and a 3,000-item run of that
+        pipeline lasts 0.9 s. Over 40 ms at the new concurrency, hundreds of items are
+        measured warm. A stage brought down for the CPU budget is left to the full
+        window: its scale-back was measured on short ticks like these."""
+        self.phase = "baseline"
+        if self._over(cpu, rss) or cpu >= self.config.cpu_budget or not self._last:
+            return {}
+        return self._model_growth(cpu, self._last, look=True)
+
+    def _model_growth(
+        self, cpu: float, window: list[AutotuneSample], *, look: bool = False
+    ) -> dict[str, int]:
+        """The model again, on ``window`` (costs per item fall as the rate rises: wake-ups
+        amortise): a joint trial when it asks for at least ``remodel_factor`` times more
+        of some stage. ``look`` (:meth:`_look`): a window of a few short ticks, whose
+        process CPU per item is not remembered as the cheapest hop, and whose growth is
+        judged on short ticks.
 
         A stage brought down for the CPU budget is not modelled again, but it may grow
         back so, judged on short ticks, when the budget now pays for that much more of it
@@ -339,8 +373,11 @@ class AutotuneController:
         s) was over."""
         factor = self.config.remodel_factor
         changes: dict[str, int] = {}
-        for name, (n, reason) in self._model_changes(self._last).items():
+        why = "look again" if look else "refine"
+        for name, (n, reason) in self._model_changes(window, remember=not look).items():
             old = self._conc.get(name, 1)
+            if look and (name in self._cpu_bound or name in self._unmodelled):
+                continue
             if name in self._cpu_bound and cpu > 0:
                 paid = self._affordable(name, old, self.config.cpu_budget / cpu)
                 if paid < n:
@@ -350,11 +387,12 @@ class AutotuneController:
             if n >= factor * old or (n > old and n - old >= 8 and n >= 1.25 * old):
                 changes[name] = n
                 self._trial[name] = (old, n)
-                self._note(f"model {name}: {old} -> {n} (refine: {reason})", name, n)
+                self._note(f"model {name}: {old} -> {n} ({why}: {reason})", name, n)
         if changes:
             self._jump = True
-            # growing back within the budget: kept unless it goes over it (short ticks)
-            self._unjudged = any(name in self._cpu_bound for name in changes)
+            # growing back within the budget, or what the first items under-sized: kept
+            # unless it goes over a budget (short ticks)
+            self._unjudged = look or any(name in self._cpu_bound for name in changes)
             self.phase = "trial"
             self._apply(changes)
         return changes
@@ -483,6 +521,8 @@ class AutotuneController:
                     self._ceiling = {k: v for k, v in self._ceiling.items() if k == name}
             self._trimmed.clear()
             self.phase = "baseline"
+            if unjudged and self._look_due:
+                self._look_due, self.phase = False, "look"
             if unjudged:
                 # A few short ticks catch a step that is over the budget at once, not one
                 # that drifts over it as the pipeline settles (on 2 cores, threads sharing
