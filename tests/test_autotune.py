@@ -1032,6 +1032,33 @@ def test_the_model_looks_again_at_warm_items_before_the_first_full_window() -> N
     assert model.conf == {"io": 5, "cpu": 3}
 
 
+def test_the_look_leaves_a_stage_that_burns_cpu_to_the_climb() -> None:
+    # Other processes leave this one 0.75 of its 2 cores: the stage delivers 0.75 / (CPU
+    # per item) whatever its threads, which wait for cores, their wall time growing with
+    # their number. Its first items run cold (2 ms, then 1). The look does not grow it:
+    # Little's law for the budget's 2 cores would ask for twice as many at the same rate
+    # (11 -> 22), and the look's growth is kept without a gain to show.
+    cost = {"cpu": 0.002}
+    model = Costed(
+        {"cpu": lambda c: 0.75 / cost["cpu"]},
+        {"cpu": lambda c: c * cost["cpu"] / 0.75},
+        cost,
+        cores=2,
+    )
+    model.conf["cpu"] = 4
+    config = AutotuneConfig(cpu_budget=1.0)
+    ctl = AutotuneController(config, cores=2)
+    tick(ctl, model)
+    assert ctl.decisions[0].startswith("model cpu: 4 -> 11 "), ctl.decisions
+    cost["cpu"] = 0.001  # warm
+    for _ in range(config.settle_ticks + config.check_ticks + config.look_ticks):
+        tick(ctl, model)
+    assert ctl.decisions[1].startswith("keep the model's step"), ctl.decisions
+    assert len(ctl.decisions) == 2, ctl.decisions
+    assert model.conf["cpu"] == 11
+    assert ctl.interval == config.interval  # on to the climb, which judges by the rate
+
+
 def test_the_look_grows_nothing_the_first_step_sized_right() -> None:
     # Warm from the first items: the look finds nothing to grow, and the controller goes
     # on to its full windows without a change.

@@ -44,6 +44,7 @@ __all__ = [
     "cores_cap",
     "early_target",
     "model_targets",
+    "only_waits",
     "process_hop",
 ]
 
@@ -129,10 +130,9 @@ def model_targets(
     # cold, at several times their steady cost (a coroutine sleeping 5 ms: 20 us a call,
     # then 4), and that is all it costs; priced so, it would be sized at half of what the
     # budget pays for. Its engine hop is counted; the first full window measures the rest.
+    cold = {c.name for c in known if not price_process and only_waits(c, budget, start=True)}
     per_item = sum(
-        flow[c.name]
-        * (hop_cpu + (0.0 if not price_process and _waits(c, budget, start=True) else c.cpu or 0.0))
-        for c in known
+        flow[c.name] * (hop_cpu + (0.0 if c.name in cold else c.cpu or 0.0)) for c in known
     )
     affordable = budget / per_item if per_item > 0 else math.inf
     # What the autotuned stages cannot change: fixed stages and the consumer.
@@ -151,7 +151,7 @@ def model_targets(
             continue
         assert c.wall is not None
         share = None if c.cpu is None else c.cpu / c.wall
-        if _waits(c, budget, start=not price_process):
+        if only_waits(c, budget, start=not price_process):
             waiting.append(c)
             continue
         target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
@@ -280,7 +280,7 @@ def process_hop(costs: Sequence[StageCost], cpu_used: float) -> float:
     return max(0.0, cpu_used - in_ops) / hops
 
 
-def _waits(c: StageCost, budget: float, *, start: bool = False) -> bool:
+def only_waits(c: StageCost, budget: float, *, start: bool = False) -> bool:
     """Whether the stage only waits: its op is on the CPU for less than :data:`WAITS` of
     its wall time, and its CPU in all is a small part of the budget. At ``start`` the
     second test is not made: over the first items neither their CPU (cold) nor their rate

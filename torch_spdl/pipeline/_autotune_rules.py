@@ -38,7 +38,14 @@ from ._autotune_config import (
     Decision,
     StageSample,
 )
-from ._autotune_model import StageCost, cores_cap, early_target, model_targets, process_hop
+from ._autotune_model import (
+    StageCost,
+    cores_cap,
+    early_target,
+    model_targets,
+    only_waits,
+    process_hop,
+)
 from ._autotune_probes import cpu_count
 
 __all__ = ["AutotuneController"]
@@ -340,30 +347,37 @@ class AutotuneController:
 
     def _look(self, cpu: float, rss: int | None) -> dict[str, int]:
         """The model's step was kept: the model again, on the few short ticks just measured
-        at the new concurrency, growing what it now asks ``remodel_factor`` times more of
-        (:meth:`_model_growth`), judged on short ticks like the step.
+        at the new concurrency, growing a stage that waits when it now asks
+        ``remodel_factor`` times more of it (:meth:`_model_growth`), judged on short ticks
+        like the step.
 
-        The step's costs came from the first items: two of them per stage, run cold. A
-        decode thread's first item read 100% on the CPU and sized the stage at 2 workers,
-        where 3 run faster on 2 cores; a decode's cold first items, priced at three times
-        their cost, sized the I/O stage before it for a third of the rate; the climb's
-        model saw both on its first full window, 0.35 s in, and a 3,000-item run of that
-        pipeline lasts 0.9 s. Over 40 ms at the new concurrency, hundreds of items are
-        measured warm. A stage brought down for the CPU budget is left to the full
-        window: its scale-back was measured on short ticks like these."""
+        The step's costs came from the first items: a few per stage, run cold. A decode's
+        cold first items, priced at three times their cost, sized the I/O stage before it
+        for a third of the rate; the climb's model saw it on its first full window, 0.35 s
+        in, and a 3,000-item run of that pipeline lasts 0.9 s. Over 40 ms at the new
+        concurrency, hundreds of items are measured warm.
+
+        A stage that burns CPU is left to the climb, which grows it only for a gain: on a
+        machine whose other processes leave this one 0.75 of its 2 cores, a decode's
+        threads wait for cores, their wall time grows with their number, and Little's law
+        for the 2 cores of the budget asks for more of them at each look (4 -> 7 -> 13 at
+        the same rate). A stage brought down for the CPU budget is left to the full
+        window too: its scale-back was measured on short ticks like these."""
         self.phase = "baseline"
         if self._over(cpu, rss) or cpu >= self.config.cpu_budget or not self._last:
             return {}
-        return self._model_growth(cpu, self._last, look=True)
+        budget = self.config.cpu_budget * self.cores
+        waiting = {c.name for c in self._costs(self._last)[0] if only_waits(c, budget)}
+        return self._model_growth(cpu, self._last, only=waiting)
 
     def _model_growth(
-        self, cpu: float, window: list[AutotuneSample], *, look: bool = False
+        self, cpu: float, window: list[AutotuneSample], *, only: set[str] | None = None
     ) -> dict[str, int]:
         """The model again, on ``window`` (costs per item fall as the rate rises: wake-ups
         amortise): a joint trial when it asks for at least ``remodel_factor`` times more
-        of some stage. ``look`` (:meth:`_look`): a window of a few short ticks, whose
-        process CPU per item is not remembered as the cheapest hop, and whose growth is
-        judged on short ticks.
+        of some stage. ``only`` (:meth:`_look`): the stages it may grow, over a window of a
+        few short ticks, whose process CPU per item is not remembered as the cheapest hop,
+        and whose growth is judged on short ticks.
 
         A stage brought down for the CPU budget is not modelled again, but it may grow
         back so, judged on short ticks, when the budget now pays for that much more of it
@@ -373,10 +387,13 @@ class AutotuneController:
         s) was over."""
         factor = self.config.remodel_factor
         changes: dict[str, int] = {}
+        look = only is not None
         why = "look again" if look else "refine"
         for name, (n, reason) in self._model_changes(window, remember=not look).items():
             old = self._conc.get(name, 1)
-            if look and (name in self._cpu_bound or name in self._unmodelled):
+            if only is not None and (
+                name not in only or name in self._cpu_bound or name in self._unmodelled
+            ):
                 continue
             if name in self._cpu_bound and cpu > 0:
                 paid = self._affordable(name, old, self.config.cpu_budget / cpu)
