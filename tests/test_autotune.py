@@ -598,8 +598,8 @@ def test_the_climb_does_not_take_a_cpu_bound_stage_far_past_the_cores() -> None:
     # threads past two waiting for a core. Throughput creeps up 4% per doubling all the
     # same (on a shared machine, noise looks like that): more than the 3% a trial must
     # gain, so the climb alone would keep every doubling up to 32. It stops at twice the
-    # workers that use the budget (2 cores / 0.89, rounded up with the budget at every
-    # core: 3 workers, so 6).
+    # workers that use the budget (2 cores / 0.89 rounded down, and a worker more with the
+    # budget at every core: 3 workers, so 6).
     def rate(c: int) -> float:
         return 2000 * min(c, 2) * (1 + 0.04 * math.log2(max(c, 2) / 2))
 
