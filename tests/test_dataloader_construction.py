@@ -141,7 +141,7 @@ def test_constructing_starts_nothing(worker_type: str) -> None:
 def test_many_thread_workers_do_not_warn() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        DataLoader(MapData(4), num_workers=(os.cpu_count() or 1) * 8)
+        DataLoader(MapData(4), num_workers=(os.cpu_count() or 1) * 8, worker_type="thread")
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

@@ -108,6 +108,7 @@ def test_worker_init_fn_runs_once_per_worker(persistent: bool) -> None:
         num_workers=workers,
         worker_init_fn=tracker.init,
         persistent_workers=persistent,
+        worker_type="thread",  # the tracker counts in this process
     )
     per_epoch = []
     for _ in range(epochs):
@@ -157,7 +158,9 @@ def test_get_worker_info(num_workers: int) -> None:
 
     ds = Info()
     base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen(3)).item())
-    loader = DataLoader(ds, batch_size=4, num_workers=num_workers, generator=gen(3))
+    loader = DataLoader(
+        ds, batch_size=4, num_workers=num_workers, generator=gen(3), worker_type="thread"
+    )
     assert get_worker_info() is None
     for _ in loader:
         assert get_worker_info() is None  # the loop body is not a worker

@@ -26,7 +26,15 @@ from torch.utils.data import (
 )
 from torch.utils.data.distributed import DistributedSampler
 
-from torch_spdl import DataLoader
+import torch_spdl
+
+
+def DataLoader(*args: Any, **kwargs: Any) -> torch_spdl.DataLoader:  # noqa: N802
+    """torch_spdl's loader on worker threads: these tests count the reads of each sample
+    in this process (the default, worker processes, is resumed in
+    test_resume_with_worker_processes below)."""
+    kwargs.setdefault("worker_type", "thread")
+    return torch_spdl.DataLoader(*args, **kwargs)
 
 
 # -- 5. resume ---------------------------------------------------------------------------------
@@ -282,5 +290,26 @@ def test_resume_iterable_dataset_does_not_repeat_batches() -> None:
     state = first.state_dict()
     del it
     second = DataLoader(IterData(20, "int"), batch_size=3, num_workers=2)
+    second.load_state_dict(state)
+    assert taken + ids(list(second)) == full
+
+
+@pytest.mark.parametrize("k", [1, 6])
+def test_resume_with_worker_processes(k: int) -> None:
+    """The default loader (worker processes, seeded as torch's): a state taken after ``k``
+    batches resumes to exactly the rest of the epoch."""
+
+    def make() -> torch_spdl.DataLoader:
+        return torch_spdl.DataLoader(
+            MapData(40, "int"), batch_size=3, shuffle=True, generator=gen(5), num_workers=2
+        )
+
+    full = ids(list(make()))
+    first = make()
+    it = iter(first)
+    taken = [next(it).tolist() for _ in range(k)]
+    state = first.state_dict()
+    del it
+    second = make()
     second.load_state_dict(state)
     assert taken + ids(list(second)) == full

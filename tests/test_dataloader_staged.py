@@ -118,8 +118,16 @@ def test_io_and_cpu_concurrency_are_respected() -> None:
             with cpu:
                 return i
 
-    # num_workers=6 would give 8 loads and 6 processes at once by default
-    loader = DataLoader(Probed(), batch_size=4, num_workers=6, io_concurrency=3, cpu_concurrency=2)
+    # num_workers=6 would give 8 loads and 6 processes at once by default (on threads: the
+    # counters are this process's)
+    loader = DataLoader(
+        Probed(),
+        batch_size=4,
+        num_workers=6,
+        io_concurrency=3,
+        cpu_concurrency=2,
+        worker_type="thread",
+    )
     assert [i for b in ids(list(loader)) for i in b] == list(range(30))
     assert io.max == 3
     assert cpu.max == 2

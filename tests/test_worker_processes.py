@@ -201,7 +201,14 @@ def test_auto_switches_once_to_more_threads_losing_and_repeating_nothing(caplog)
     per-sample threads: every batch exactly once, in order, as torch gives them."""
     torch_loader = TorchDataLoader(Waits(160), batch_size=4, shuffle=True, generator=gen(9))
     ref = list(torch_loader)
-    loader = DataLoader(Waits(160), batch_size=4, shuffle=True, generator=gen(9), num_workers=2)
+    loader = DataLoader(
+        Waits(160),
+        batch_size=4,
+        shuffle=True,
+        generator=gen(9),
+        num_workers=2,
+        worker_type="auto",
+    )
     with caplog.at_level(logging.INFO, logger="torch_spdl.data"):
         got = list(loader)
     assert_same_batches(got, ref)
@@ -220,7 +227,10 @@ def test_forced_worker_types_are_exposed() -> None:
     assert DataLoader(MapData(4), num_workers=2, worker_type="thread").worker_choice.kind == (
         "thread"
     )
-    assert DataLoader(MapData(4), num_workers=2).worker_choice is None  # not measured yet
+    auto = DataLoader(MapData(4), num_workers=2, worker_type="auto")
+    assert auto.worker_choice is None  # not measured yet
+    # the default is torch's: worker processes
+    assert DataLoader(MapData(4), num_workers=2).worker_choice.kind == "process"
     with pytest.raises(ValueError, match="worker_type"):
         DataLoader(MapData(4), worker_type="fiber")
 

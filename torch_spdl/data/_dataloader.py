@@ -123,7 +123,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         io_concurrency: int | Literal["auto"] | None = None,
         cpu_concurrency: int | Literal["auto"] | None = None,
         collate_concurrency: int | Literal["auto"] = 1,
-        worker_type: Literal["auto", "thread", "process"] = "auto",
+        worker_type: Literal["auto", "thread", "process"] = "process",
         buffer_size: int | None = None,
         device: str | torch.device | None = None,
         max_failures: int = 0,
@@ -260,7 +260,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if isinstance(self.dataset, StagedDataset):
             return "staged"
         if self.num_workers == 0:
-            return "inline"
+            return "caller" if self.worker_type == "process" else "inline"
         if self.worker_type == "thread":
             return WorkerChoice("thread", self.num_workers, False, "worker_type='thread'")
         return self.worker_choice or "probe"

@@ -16,10 +16,12 @@ import torch
 
 from ..pipeline import Pipeline, PipelineBuilder, PipelineFailure
 from ._batch_stages import batch_tasks
+from ._batch_transfer import BatchMover
 from ._batching import BatchError, FailureBudget
+from ._caller import CallerLoading
 from ._epoch_pipeline import EpochParts
 from ._epoch_plan import EpochPlan, LoaderResources
-from ._libc import return_large_blocks
+from ._libc import trim
 from ._sampling import index_batches
 from ._worker_choice import SwitchGate, decide
 
@@ -62,8 +64,6 @@ class EpochIterator:
     ) -> None:
         self._plan = plan
         self._resources = resources
-        if plan.num_workers > 0:
-            return_large_blocks()  # docs/dataloader.md, "Memory"
         self._map_style = plan.map_style
         self._closed = False
         self._exhausted = False
@@ -83,15 +83,21 @@ class EpochIterator:
         self._gate = SwitchGate() if plan.loading == "probe" else None
         self._parts = EpochParts(plan, resources, base_seed, self._budget, self._gate)
         self._pipeline: Pipeline[Any]
+        self._caller: CallerLoading | None = None
         if self._map_style:
             first = next(indices, _END)  # the sampler's own draws happen now, in this thread
             self._chosen = _chain(first, indices)
+        iterable_inline = not self._map_style and plan.num_workers == 0
+        if plan.loading == "caller" or (iterable_inline and plan.worker_type == "process"):
+            self._caller = self._caller_loading()
+            self._pipeline = _idle_pipeline()
+        elif self._map_style:
             builder = self._parts.build_map(
                 plan.loading, self._batches(0), self._watermark, self._extra
             )
+            self._pipeline = builder.build(max_failures=0)
         else:
-            builder = self._parts.build_iterable(self._watermark)
-        self._pipeline = builder.build(max_failures=0)
+            self._pipeline = self._parts.build_iterable(self._watermark).build(max_failures=0)
         self._timeout = plan.timeout
         # The pipeline starts at the first next(), as torch's single-process iterator does:
         # code that calls iter() twice on a loader whose batch sampler is its own iterator
@@ -99,6 +105,21 @@ class EpochIterator:
         # It is read with get_item, not its iterator, so that this epoch decides the order
         # of shutdown: worker processes first (their waiting threads then return), then the
         # pipeline.
+
+    def _caller_loading(self) -> CallerLoading:
+        """Batches loaded inside ``next()``, on the caller's thread (``_caller.py``)."""
+        plan = self._plan
+        return CallerLoading(
+            plan.dataset,
+            self._batches(0) if self._map_style else None,
+            plan.collate_fn,
+            plan.auto_collation,
+            plan.batch_size,
+            plan.drop_last,
+            0 if self._map_style else self._watermark,
+            self._budget,
+            BatchMover(plan.device, plan.pin_memory),
+        )
 
     def _batches(self, first: int) -> Iterator[tuple[int, list[Any]]]:
         # A copy of the restored skip set: delivering batches changes the live one.
@@ -154,6 +175,9 @@ class EpochIterator:
         return batch
 
     def _get(self) -> Any:
+        if self._caller is not None:
+            b, batch = self._caller.next()
+            return (b, batch) if self._map_style else batch
         try:
             return self._pipeline.get_item(timeout=self._timeout)
         except EOFError:  # the end, or the stream a failure ended: stop() raises it
@@ -180,7 +204,9 @@ class EpochIterator:
         self._stop_pipeline()  # every thread of the probing pipeline is joined: fork-safe
         # Its collate buffers must be gone before worker processes fork (they would inherit
         # them); a pipeline never started stands in until the next one is built.
-        self._pipeline = PipelineBuilder().add_source(()).add_sink(1).build()
+        self._pipeline = _idle_pipeline()
+        if gate.choice.kind == "process":
+            trim()  # what the measuring threads left free, every worker would inherit
         rest: Iterator[tuple[int, list[Any]]] = iter(sorted(gate.deferred))
         if gate.next_batch is not None:
             rest = itertools.chain(rest, self._batches(gate.next_batch))
@@ -250,6 +276,11 @@ class EpochIterator:
     def __del__(self) -> None:
         if hasattr(self, "_pipeline"):
             self._close()
+
+
+def _idle_pipeline() -> Pipeline[Any]:
+    """A pipeline that is never started: it stands in where no pipeline runs."""
+    return PipelineBuilder().add_source(()).add_sink(1).build()
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:

@@ -124,7 +124,7 @@ class EpochParts:
             )
             return self._finish(builder)
         if loading == "staged":
-            split = split_point(dataset, plan.worker_type)
+            split = split_point(dataset, plan.worker_type, plan.num_workers)
             if split is None:
                 return self._build_samples(None, batches)
             return self._build_processes(split, batches)

@@ -32,10 +32,12 @@ __all__ = ["EpochPlan", "Loading", "LoaderResources"]
 _LG = logging.getLogger("torch_spdl.data")
 
 Concurrency = int | Literal["auto"]
-#: How a map-style epoch loads its samples: ``"inline"`` (no workers), ``"staged"`` (the
+#: How a map-style epoch loads its samples: ``"caller"`` (no workers: inside ``next()``,
+#: as torch does), ``"inline"`` (no workers, on one background thread: asked for with
+#: ``worker_type="thread"`` or ``"auto"``), ``"staged"`` (the
 #: dataset's stages, per sample), ``"probe"`` (``worker_type="auto"`` still measuring) or
 #: what was chosen; None for an iterable dataset.
-Loading = WorkerChoice | Literal["inline", "staged", "probe"] | None
+Loading = WorkerChoice | Literal["caller", "inline", "staged", "probe"] | None
 
 
 @dataclass(frozen=True)

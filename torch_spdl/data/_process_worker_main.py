@@ -89,7 +89,8 @@ def worker_main(
             break
         if task is None:
             break
-        task_id, slot, values, split, indices = task
+        task_id, slot, split, payload = task
+        values, indices = pickle.loads(payload)
         arena = arenas[slot] if arenas is not None and slot != NO_ARENA else None
         if split == ITERATE:
             if fetcher is None:

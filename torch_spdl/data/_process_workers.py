@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import itertools
 import multiprocessing as mp
+import pickle
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -178,6 +179,20 @@ class ProcessWorkers:
         worker = self._workers[b % self.num_workers if wid is None else wid]
         if worker.dead is not None:
             raise worker.dead
+        try:
+            # Plain pickle, not multiprocessing's: a tensor travels by value, whatever its
+            # storage (torch's reductions would try to share it: a file-backed storage,
+            # as torchvision's read_file makes, fails there).
+            payload = pickle.dumps((values, indices), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:
+            exc.add_note(
+                f"torch_spdl.DataLoader: batch {b} (sample indices {indices!r}) could not "
+                f"be sent to worker process {worker.wid}: what the stages before it made "
+                "must pickle"
+            )
+            unsent: Future[Fetched | None] = Future()
+            unsent.set_result(Fetched(samples=[], errors=[(-1, indices, exc)]))
+            return unsent
         slot = self._leases.take(b) if self._arenas is not None else NO_ARENA
         if slot is None:
             raise _closed()
@@ -192,7 +207,7 @@ class ProcessWorkers:
             return future
         try:
             with worker.send_lock:
-                worker.tasks.send((task_id, slot, values, split, indices))
+                worker.tasks.send((task_id, slot, split, payload))
         except (OSError, ValueError):
             pass  # the worker is gone: the receiver fails the batch with the reason
         return future

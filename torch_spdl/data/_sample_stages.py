@@ -82,10 +82,13 @@ def stage_specs(
     return specs
 
 
-def split_point(dataset: Any, worker_type: str) -> int | None:
+def split_point(dataset: Any, worker_type: str, num_workers: int) -> int | None:
     """The first of a staged dataset's stages to run in worker processes (with every stage
-    after it), or None when all run on threads: the first declared with
-    ``executor="process"``, or with ``worker_type="process"`` the first sync CPU stage."""
+    after it), or None when all run on threads (always without workers): the first
+    declared with ``executor="process"``, or with ``worker_type="process"`` (the default)
+    the first sync CPU stage."""
+    if num_workers == 0:
+        return None
     steps = list(dataset.stages())
     for i, step in enumerate(steps):
         if step.executor == "process" or (

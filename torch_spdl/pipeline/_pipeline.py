@@ -87,6 +87,10 @@ class Pipeline(Generic[T]):
             timeout: the most seconds to wait for the threads to join (default 30).
         """
         self._runtime.shutdown(timeout, keep_sink=self._explicit)
+        # Stopped: nothing is left for the finalizer to do, and kept, it would keep the
+        # runtime, its failure, the failure's traceback and every frame and batch that
+        # holds alive (the finalizer registry is never collected).
+        self._finalizer.detach()
         if self._explicit and (failure := self._runtime.failure) is not None:
             raise failure
 

@@ -1,0 +1,225 @@
+"""The contract a training script relies on, side by side with torch's DataLoader.
+
+With only the import swapped and default arguments, a script must get the same batches
+as with torch's loader, run after run, random augmentations included; its own RNG draws,
+allocator settings and intra-op threads must be left as torch's loader leaves them; and a
+worker that crashes is an exception in the loop, after which the next epoch runs
+(docs/dataloader.md, "The contract").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torchvision.transforms.v2 as T
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader as TorchDataLoader
+from torch.utils.data import Dataset
+from torchvision.datasets import FakeData
+
+import torch_spdl
+from torch_spdl.data import WorkerFailure
+
+
+class Augmented(Dataset):
+    """Small images through torchvision's random transforms, plus a NumPy, a ``random``
+    and a torch draw per sample: every global RNG a training script's dataset uses."""
+
+    def __init__(self, n: int = 48) -> None:
+        self.transform = T.Compose([T.RandomResizedCrop(12), T.RandomHorizontalFlip()])
+        g = torch.Generator().manual_seed(0)
+        self.images = torch.randint(0, 256, (n, 3, 24, 24), dtype=torch.uint8, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, float, float, torch.Tensor]:
+        return self.transform(self.images[i]), np.random.rand(), random.random(), torch.rand(())
+
+
+def _digest(batch: object) -> str:
+    flat = torch.utils._pytree.tree_leaves(batch)
+    h = hashlib.sha1()
+    for leaf in flat:
+        h.update(torch.as_tensor(leaf).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _epochs(loader_cls: type, dataset: Dataset, epochs: int, seed: int, **kwargs: object):
+    """Each batch's digest over ``epochs`` epochs, and the training thread's own draws
+    (one ``torch.randn`` after every batch), from a script seeded with ``seed``."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    loader = loader_cls(dataset, **kwargs)
+    batches, draws = [], []
+    for _ in range(epochs):
+        for batch in loader:
+            batches.append(_digest(batch))
+            draws.append(torch.randn(2))
+    return batches, torch.stack(draws), random.random(), np.random.rand()
+
+
+def test_random_augmentations_give_torchs_batches_run_after_run() -> None:
+    kwargs = {"batch_size": 8, "shuffle": True, "num_workers": 2}
+    ours1 = _epochs(torch_spdl.DataLoader, Augmented(), 3, 0, **kwargs)
+    ours2 = _epochs(torch_spdl.DataLoader, Augmented(), 3, 0, **kwargs)
+    theirs = _epochs(TorchDataLoader, Augmented(), 3, 0, **kwargs)
+    assert len(theirs[0]) == 18
+    assert ours1[0] == theirs[0]
+    assert ours2[0] == theirs[0]
+    assert torch.equal(ours1[1], theirs[1])
+    assert ours1[2:] == theirs[2:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_training_threads_draws_are_torchs(num_workers: int) -> None:
+    kwargs = {"batch_size": 4, "shuffle": True, "num_workers": num_workers}
+    ours = _epochs(torch_spdl.DataLoader, Augmented(16), 2, 7, **kwargs)
+    theirs = _epochs(TorchDataLoader, Augmented(16), 2, 7, **kwargs)
+    assert ours[0] == theirs[0]
+    assert torch.equal(ours[1], theirs[1])
+    assert ours[2:] == theirs[2:]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_fakedata_samples_are_exactly_ds_i(num_workers: int) -> None:
+    # FakeData sets and restores the global RNG inside __getitem__: a sample is right only
+    # if no other draw happens in that process while it runs.
+    ds = FakeData(2000, image_size=(3, 4, 4), num_classes=10, transform=T.PILToTensor())
+    loader = torch_spdl.DataLoader(ds, batch_size=50, num_workers=num_workers)
+    images, labels = [], []
+    for x, y in loader:
+        images.append(x)
+        labels.append(y)
+        torch.randn(3)  # the training step draws meanwhile
+    expected = [ds[i] for i in range(len(ds))]
+    assert torch.equal(torch.cat(images), torch.stack([x for x, _ in expected]))
+    assert torch.cat(labels).tolist() == [int(y) for _, y in expected]
+
+
+_PROCESS_STATE = textwrap.dedent(
+    """
+    import ctypes, json, sys
+    import torch
+    import torch_spdl
+
+    libc = ctypes.CDLL(None)
+
+    class Info(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+            "uordblks", "fordblks", "keepcost")]
+
+    libc.mallinfo2.restype = Info
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def mapped_when_freed_big_block_before():
+        # glibc raises its mmap threshold when a mapped block is freed, unless a program
+        # fixed it with mallopt: then a block after a freed one twice its size is mapped.
+        # The block is larger than all the free memory of the heap, so that only a mapping
+        # or a grown heap can serve it.
+        size = max(2 << 20, libc.mallinfo2().fordblks + (1 << 20))
+        libc.free(libc.malloc(2 * size))
+        before = libc.mallinfo2().hblks
+        p = libc.malloc(size)
+        mapped = libc.mallinfo2().hblks - before
+        libc.free(p)
+        return mapped
+
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self): return 64
+        def __getitem__(self, i): return torch.full((64, 64), float(i))
+
+    threads = torch.get_num_threads()
+    before = mapped_when_freed_big_block_before()
+    loader = torch_spdl.DataLoader(Squares(), batch_size=8, num_workers=int(sys.argv[1]))
+    total = sum(float(b.sum()) for b in loader)
+    print(json.dumps({
+        "threads": [threads, torch.get_num_threads()],
+        "mapped": [before, mapped_when_freed_big_block_before()],
+        "total": total,
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_training_process_is_left_alone(num_workers: int) -> None:
+    import json
+
+    out = subprocess.run(
+        [sys.executable, "-c", _PROCESS_STATE, str(num_workers)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    state = json.loads(out.stdout.strip().splitlines()[-1])
+    assert state["total"] == sum(i * 64 * 64 for i in range(64))
+    assert state["threads"][0] == state["threads"][1]
+    assert state["mapped"] == [0, 0]
+
+
+class Segfaults(Dataset):
+    """Sample ``crash_at`` crashes its worker process in C while ``crash_at`` is set."""
+
+    crash_at: int | None = 5
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.crash_at:
+            import ctypes
+
+            ctypes.string_at(0)  # a read of address 0: SIGSEGV
+        return i
+
+
+def test_a_segfault_in_getitem_is_an_exception_in_the_loop_and_the_next_epoch_runs() -> None:
+    ds = Segfaults()
+    loader = torch_spdl.DataLoader(ds, batch_size=2, num_workers=2)
+    seen = []
+    with pytest.raises(WorkerFailure, match="SIGSEGV"):
+        for batch in loader:
+            seen.extend(batch.tolist())
+    assert 4 not in seen and 5 not in seen
+    ds.crash_at = None
+    assert [i for b in loader for i in b.tolist()] == list(range(16))
+
+
+@settings(
+    max_examples=6,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    batch_size=st.integers(1, 7),
+    num_workers=st.integers(0, 3),
+    drop_last=st.booleans(),
+)
+def test_batches_equal_torchs_for_any_seed_and_shape(
+    seed: int, batch_size: int, num_workers: int, drop_last: bool
+) -> None:
+    kwargs = {
+        "batch_size": batch_size,
+        "shuffle": True,
+        "num_workers": num_workers,
+        "drop_last": drop_last,
+    }
+    ours = _epochs(torch_spdl.DataLoader, Augmented(20), 2, seed, **kwargs)
+    theirs = _epochs(TorchDataLoader, Augmented(20), 2, seed, **kwargs)
+    assert ours[0] == theirs[0]
+    assert torch.equal(ours[1], theirs[1])
