@@ -81,10 +81,13 @@ GROUPS: dict[str, Group] = {
         "samples",
         "`benchmarks/swap.py`: one training loop, given the DataLoader class and only "
         "`dataset, batch_size, num_workers` (`shuffle=True` for the path strings): every "
-        "other argument is each side's default. The target column is the issue's: at least "
-        "1.0x torch (2x for 10 ms I/O and 3x224x224 images), peak PSS at most torch's; "
-        "*met* when the spreads separate, *on medians* when only the medians do. The path "
-        "strings read a fixed number of batches, not an epoch.",
+        "other argument is each side's default (worker processes for both). The target "
+        "column is the issue's: at least 1.0x torch (1.5x for the 10 ms I/O dataset staged "
+        "as `torch-spdl migrate` splits it), peak PSS at most torch's; *met* when the "
+        "spreads separate, *on medians* when only the medians do. The path strings read a "
+        "fixed number of batches, not an epoch. The consumer is `touch` (reads every page "
+        "of a batch) unless the row names `train` (a small CNN's step per batch) or `gpu` "
+        "(2 ms holding the GIL, then 8 ms waiting without it).",
     ),
 }
 NAMED = ("engine", "swap")  # groups with their own tables, outside the paired sweeps
