@@ -5,8 +5,8 @@
 
 Runs the cases of ``engine.py``, ``dataloader.py`` and ``image_decode.py`` side by side with
 torch's DataLoader, sweeping concurrency (1, 2, 4, 8) and batch size (32, 128, 512), and
-``swap.py``'s cells (the same script with either DataLoader; quick mode: 2 workers only,
-smaller datasets, no process-worker row for the numpy cell), each
+``swap.py``'s cells (the same script with either DataLoader, the ``touch`` consumer; quick
+mode: 2 workers only, smaller datasets, no thread rows), each
 configuration ``--repeats`` times in a fresh process (see ``_measure.py`` for what is
 measured and how), and writes ``REPORT.md`` with tables (median and min-max) and PNG plots
 to ``--out`` (default ``benchmarks/report/``). A progress bar shows the runs.

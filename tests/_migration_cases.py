@@ -25,7 +25,7 @@ EXPECTED: dict[str, dict[str, list[str] | None]] = {
     "tuple_samples": {"PairDataset": ["load (io)", "process (cpu)"]},
     "random_augment": {
         "AugmentedDataset": ["load (io)", "process (cpu)"],
-        "SharedRngDataset": None,
+        "SharedRngDataset": ["load (io)", "process (cpu)"],
     },
     "http_download": {"RemoteImageDataset": ["load (io)", "process (cpu)"]},
     "unsplittable": {"ClipDataset": None},

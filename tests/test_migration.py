@@ -18,7 +18,7 @@ from _migration_cases import CASES, EXPECTED, assert_same, load_module, make_dat
 
 import torch_spdl
 from torch_spdl import StagedDataset
-from torch_spdl.migration import migrate_source
+from torch_spdl.migration import migrate_source, render_text
 
 ROOT = Path(__file__).resolve().parent.parent
 CASE_NAMES = sorted(EXPECTED)
@@ -156,8 +156,9 @@ def test_split_passes_the_live_values_and_keeps_comments() -> None:
 
             class D(Dataset):
                 def __getitem__(self, i):
+                    angle = random.random() * 10
                     img = Image.open(self.paths[i])
-                    return img.rotate(random.random() * 10)
+                    return img.rotate(angle)
             """,
             "shared random generator",
         ),
@@ -167,8 +168,9 @@ def test_split_passes_the_live_values_and_keeps_comments() -> None:
 
             class D(Dataset):
                 def __getitem__(self, i):
+                    noise = torch.rand(3)
                     img = Image.open(self.paths[i])
-                    return img, torch.rand(3)
+                    return img, noise
             """,
             "shared random generator",
         ),
@@ -181,8 +183,8 @@ def test_split_passes_the_live_values_and_keeps_comments() -> None:
                     self.aug = T.Compose([T.RandomHorizontalFlip(), T.ToTensor()])
 
                 def __getitem__(self, i):
-                    img = Image.open(self.paths[i])
-                    return self.aug(img)
+                    img = self.aug(Image.open(self.paths[i]))
+                    return img.sum()
             """,
             "shared random generator",
         ),
@@ -308,11 +310,61 @@ def test_dataloader_rewrites_and_flags() -> None:
     assert "from torch_spdl import DataLoader as DL\n" in code
     assert "import torch_spdl\n" in code
     messages = "\n".join(d.message for d in result.decisions)
-    for flag in ("num_workers=4", "worker_init_fn=seed", "prefetch_factor=2"):
-        assert flag in messages
-    assert "no effect unless worker_type='process'" in messages
-    assert "torch_spdl.get_worker_info()" in messages
+    # workers are worker processes, as torch's: these arguments mean what they mean there,
+    # and get_worker_info() answers in them
+    for same in ("num_workers", "worker_init_fn", "prefetch_factor", "multiprocessing_context"):
+        assert same not in messages
+    assert "get_worker_info" not in messages
     assert migrate_source(code).status == "unchanged"
+
+
+@pytest.mark.parametrize(
+    ("source", "swap"),
+    [
+        (
+            "from timm.data import create_loader\n\nloader = create_loader(ds, (3, 224, 224))\n",
+            "torch.utils.data.DataLoader = torch_spdl.DataLoader",
+        ),
+        (
+            "import lightning as L\n\ndm = L.LightningDataModule.from_datasets(train)\n",
+            "lightning.pytorch.core.datamodule.DataLoader = torch_spdl.DataLoader",
+        ),
+        (
+            "from transformers import Trainer\n\ntrainer = Trainer(model=m, train_dataset=ds)\n",
+            "transformers.trainer.DataLoader = torch_spdl.DataLoader",
+        ),
+    ],
+)
+def test_loaders_built_inside_libraries_are_reported_with_the_line_that_swaps_them(
+    source: str, swap: str
+) -> None:
+    result = migrate_source(source)
+    assert result.status == "unchanged"  # nothing in the file to rewrite
+    library = [d for d in result.decisions if d.kind == "library"]
+    assert len(library) == 1 and library[0].line == 3
+    assert swap in library[0].message and "out of reach of the import swap" in library[0].message
+    report = render_text([result])
+    assert "1 loader(s) built inside libraries" in report
+
+
+def test_a_random_draw_after_the_reads_is_split_and_runs_in_the_workers() -> None:
+    result = _migrate(
+        """\
+        from torchvision import transforms as T
+
+        class D(Dataset):
+            def __init__(self):
+                self.aug = T.Compose([T.RandomHorizontalFlip(), T.ToTensor()])
+
+            def __getitem__(self, i):
+                img = Image.open(self.paths[i])
+                return self.aug(img)
+        """
+    )
+    assert result.splits() == {"D": ["load (io)", "process (cpu)"]}
+    notes = "\n".join(d.message for d in result.decisions)
+    assert "runs in the worker processes, seeded and ordered as torch's" in notes
+    assert "worker_type='thread' would make the draws depend on timing" in notes
 
 
 def test_left_alone_with_a_reason() -> None:

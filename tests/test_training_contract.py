@@ -223,3 +223,25 @@ def test_batches_equal_torchs_for_any_seed_and_shape(
     theirs = _epochs(TorchDataLoader, Augmented(20), 2, seed, **kwargs)
     assert ours[0] == theirs[0]
     assert torch.equal(ours[1], theirs[1])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_pinned_and_device_batches_with_the_default_workers(num_workers: int) -> None:
+    expected = _epochs(TorchDataLoader, Augmented(16), 1, 3, batch_size=4, num_workers=0)[0]
+    pinned = torch_spdl.DataLoader(
+        Augmented(16), batch_size=4, num_workers=num_workers, pin_memory=True
+    )
+    torch.manual_seed(3)
+    random.seed(3)
+    np.random.seed(3)
+    batches = list(pinned)
+    assert all(b[0].is_pinned() for b in batches)
+    if num_workers == 0:  # the same draws as torch's single-process loading
+        assert [_digest(b) for b in batches] == expected
+    on_gpu = torch_spdl.DataLoader(
+        Augmented(16), batch_size=4, num_workers=num_workers, device="cuda"
+    )
+    for batch in on_gpu:
+        assert batch[0].device.type == "cuda"
+        assert batch[0].dtype == torch.uint8 and batch[0].shape == (4, 3, 12, 12)

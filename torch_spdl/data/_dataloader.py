@@ -1,14 +1,14 @@
 """``torch_spdl.DataLoader``: torch's DataLoader, loaded by a staged pipeline.
 
 The loader is torch's own class (its arguments, validation, ``len()``, ``sampler`` and
-``batch_sampler`` are torch's), with ``__iter__`` replaced: each epoch
-(:class:`~torch_spdl.data._epoch.EpochIterator`) runs a pipeline
-
-    indices -> __getitem__ (or the dataset's stages) -> rebatch -> collate -> [transfer] -> sink
-
-where ``__getitem__`` runs per sample on ``num_workers`` threads (so one slow sample does
-not hold a whole batch), samples are regrouped into exactly the batches the batch sampler
-chose, and batches come out in sampler order (``in_order=True``) as with torch.
+``batch_sampler`` are torch's), with ``__iter__`` replaced by an epoch
+(:class:`~torch_spdl.data._epoch.EpochIterator`) that keeps torch's contract by default:
+``__getitem__`` runs in ``num_workers`` forked worker processes seeded and fed as torch's
+(or inside ``next()`` with ``num_workers=0``), so batches are torch's for the same seed and
+the training process is left alone (docs/dataloader.md, "The contract"). What differs is
+how batches travel (shared-memory arenas, no pickled tensors) and, for a
+:class:`StagedDataset`, its I/O stages on many threads; ``worker_type="thread"`` or
+``"auto"`` run ``__getitem__`` on threads as a pipeline, which gives up that contract.
 """
 
 from __future__ import annotations
@@ -53,28 +53,31 @@ class DataLoader(_TorchDataLoader[_T_co]):
         sampler: the indices to load, in order (excludes ``shuffle``).
         batch_sampler: the batches of indices to load (excludes ``batch_size``,
             ``shuffle``, ``sampler`` and ``drop_last``).
-        num_workers: workers running ``__getitem__``: threads or worker processes, as
-            ``worker_type`` says; 0: one background thread samples, loads and collates.
+        num_workers: worker processes running ``__getitem__`` (threads with
+            ``worker_type="thread"``); 0: loading inside ``next()``, on the calling thread,
+            as torch's (one background thread with ``worker_type="thread"``).
         collate_fn: makes a batch from a list of samples (default: torch's
             ``default_collate``, into buffers reused across batches).
         pin_memory: put each batch in pinned memory (when CUDA is available).
         drop_last: drop the last batch when it is short.
         timeout: seconds ``next()`` waits for a batch before raising (0: no limit).
-        worker_init_fn: called with the worker id once in each worker thread or process
+        worker_init_fn: called with the worker id once in each worker process or thread
             as it starts (once per loader with ``persistent_workers``).
         multiprocessing_context: how worker processes are started (a context or its name).
         generator: the RNG of the sampler and of the workers' base seed (default:
             torch's global RNG).
         prefetch_factor: batches in flight per worker (default 2).
-        persistent_workers: keep the worker threads or processes across epochs (stopped
+        persistent_workers: keep the worker processes or threads across epochs (stopped
             by :meth:`shutdown` or when the loader is collected).
         pin_memory_device: accepted for torch code (torch deprecates it).
         in_order: deliver batches in sampler order (default); False delivers each as soon
             as it is ready.
-        worker_type: how ``num_workers`` workers run ``__getitem__``: ``"auto"`` (default)
-            measures the first batches and picks threads, or worker processes when the work
-            holds the GIL (the choice is in :attr:`worker_choice`); ``"thread"`` or
-            ``"process"`` force one (see docs/dataloader.md).
+        worker_type: how ``num_workers`` workers run ``__getitem__``: ``"process"``
+            (default) in worker processes as torch's, the same batches for a seed;
+            ``"thread"`` on threads of this process (sharing its global RNGs, its GIL and
+            its fate in a crash); ``"auto"`` measures the first batches and picks threads,
+            or worker processes when the work holds the GIL (the choice is in
+            :attr:`worker_choice`; see docs/dataloader.md for what each gives up).
         io_concurrency: workers of a :class:`StagedDataset`'s ``io`` stages, or ``"auto"``
             (default: autotuned from ``num_workers``, at least 8, up to 64; never below
             where it starts).
@@ -92,7 +95,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             :attr:`num_failures`); beyond it, or with the default 0, the error is raised
             from ``next()`` as torch does, with the sample index and the stage in its notes,
             and the epoch goes on.
-        per_worker_dataset: give each worker thread its own shallow copy of the dataset,
+        per_worker_dataset: with worker threads, give each its own shallow copy of the dataset,
             as each of torch's worker processes has its own (default); False shares one.
 
     Raises:
@@ -257,10 +260,14 @@ class DataLoader(_TorchDataLoader[_T_co]):
 
     def _loading(self) -> Loading:
         """How this epoch loads a map-style dataset (see ``EpochParts.build_map``)."""
+        if self.num_workers == 0 and self.worker_type == "process":
+            # torch's single-process loading, a StagedDataset's stages included (its
+            # __getitem__ runs them in order): no thread draws from the global RNGs
+            return "caller"
         if isinstance(self.dataset, StagedDataset):
             return "staged"
         if self.num_workers == 0:
-            return "caller" if self.worker_type == "process" else "inline"
+            return "inline"
         if self.worker_type == "thread":
             return WorkerChoice("thread", self.num_workers, False, "worker_type='thread'")
         return self.worker_choice or "probe"

@@ -18,12 +18,11 @@ from ..pipeline import Pipeline, PipelineBuilder, PipelineFailure
 from ._batch_stages import batch_tasks
 from ._batch_transfer import BatchMover
 from ._batching import BatchError, FailureBudget
-from ._caller import CallerLoading
+from ._caller import CallerLoading, Feed, WorkerFeed, inline_iterable, inline_map
 from ._epoch_pipeline import EpochParts
 from ._epoch_plan import EpochPlan, LoaderResources
 from ._libc import trim
-from ._sampling import index_batches
-from ._worker_choice import SwitchGate, decide
+from ._worker_choice import SwitchGate, WorkerChoice, decide
 
 __all__ = ["EpochIterator", "rng_state", "set_rng_state"]
 
@@ -74,7 +73,9 @@ class EpochIterator:
         self._watermark: int = resume["delivered"] if resume else 0  # batches [0, w) delivered
         self._extra: set[int] = set(resume["extra"]) if resume else set()
         if self._map_style:
-            indices = index_batches(plan.index_sampler)
+            # torch's own iteration of the sampler: the training process allocates (and
+            # frees) exactly what torch's loader does, which scripts' speed depends on
+            indices = iter(plan.index_sampler)
         # torch draws the workers' base seed from the same generator right after making the
         # sampler iterator; doing the same keeps the sampler's draws identical to torch's.
         base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
@@ -89,7 +90,13 @@ class EpochIterator:
             self._chosen = _chain(first, indices)
         iterable_inline = not self._map_style and plan.num_workers == 0
         if plan.loading == "caller" or (iterable_inline and plan.worker_type == "process"):
-            self._caller = self._caller_loading()
+            self._caller = self._caller_loading(self._inline_feed())
+            self._pipeline = _idle_pipeline()
+        elif self._map_style and self._workers_fed_by_caller():
+            workers = self._parts.caller_processes()
+            in_flight = plan.prefetch_factor * plan.num_workers
+            feed = WorkerFeed(workers, self._batches(0), in_flight, plan.timeout)
+            self._caller = self._caller_loading(feed)
             self._pipeline = _idle_pipeline()
         elif self._map_style:
             builder = self._parts.build_map(
@@ -106,18 +113,41 @@ class EpochIterator:
         # of shutdown: worker processes first (their waiting threads then return), then the
         # pipeline.
 
-    def _caller_loading(self) -> CallerLoading:
-        """Batches loaded inside ``next()``, on the caller's thread (``_caller.py``)."""
+    def _workers_fed_by_caller(self) -> bool:
+        """Whether ``next()`` sends and reads the worker processes' batches itself, as
+        torch's does (``_caller.py``): plain worker processes, batches in order, nothing to
+        pin or move (torch pins on a thread of its own; so does the pipeline)."""
         plan = self._plan
-        return CallerLoading(
+        loading = plan.loading
+        return (
+            isinstance(loading, WorkerChoice)
+            and loading.kind == "process"
+            and plan.in_order
+            and not BatchMover(plan.device, plan.pin_memory).active
+        )
+
+    def _inline_feed(self) -> Feed:
+        plan = self._plan
+        if self._map_style:
+            return inline_map(plan.dataset, self._batches(0), plan.collate_fn, plan.auto_collation)
+        per_batch = plan.batch_size if plan.auto_collation else None
+        return inline_iterable(
             plan.dataset,
-            self._batches(0) if self._map_style else None,
+            per_batch,
+            plan.drop_last,
             plan.collate_fn,
             plan.auto_collation,
-            plan.batch_size,
-            plan.drop_last,
-            0 if self._map_style else self._watermark,
+            self._watermark,
+        )
+
+    def _caller_loading(self, feed: Feed) -> CallerLoading:
+        """Batches made inside ``next()``, driven by the caller's thread (``_caller.py``)."""
+        plan = self._plan
+        return CallerLoading(
+            feed,
             self._budget,
+            plan.collate_fn,
+            plan.auto_collation,
             BatchMover(plan.device, plan.pin_memory),
         )
 

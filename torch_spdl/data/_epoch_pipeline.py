@@ -162,6 +162,14 @@ class EpochParts:
         self._skip = set(extra)  # a copy: delivering batches changes the live one
         self._auto.reset()
 
+    def caller_processes(self) -> ProcessWorkers:
+        """The worker processes of an epoch whose batches the calling thread sends and
+        reads itself (``_caller.WorkerFeed``): no pipeline, no receiver thread."""
+        self._start(0, set())
+        self._resources.drop_recycled_buffers()
+        workers = self.loading = self._workers.processes(receiver=False)
+        return workers
+
     # -- sources -------------------------------------------------------------------------------
     def _iterable_source(self, done: int) -> Iterator[Any]:
         """Samples (no workers: batched in the pipeline, as torch batches them in one

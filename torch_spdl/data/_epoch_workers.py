@@ -7,6 +7,7 @@ own, stopped with it.
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import Executor
 
 from ._epoch_plan import EpochPlan, LoaderResources
@@ -71,14 +72,17 @@ class EpochWorkers:
             return self._resources.thread_group(group)
         return group
 
-    def processes(self) -> ProcessWorkers:
-        """The loader's persistent worker processes, or this epoch's own."""
+    def processes(self, receiver: bool = True) -> ProcessWorkers:
+        """The loader's persistent worker processes, or this epoch's own; ``receiver``:
+        whether results are read on a receiver thread (for a pipeline) or by the thread
+        that waits for them (persistent workers keep how they were first made)."""
+        make = functools.partial(self._make_processes, receiver)
         if self._plan.persistent_workers:
-            return self._resources.process_workers(self._make_processes)
-        workers = self._own = self._make_processes()
+            return self._resources.process_workers(make)
+        workers = self._own = make()
         return workers
 
-    def _make_processes(self) -> ProcessWorkers:
+    def _make_processes(self, receiver: bool) -> ProcessWorkers:
         plan = self._plan
         return ProcessWorkers(
             plan.dataset,
@@ -95,6 +99,7 @@ class EpochWorkers:
                 if plan.map_style
                 else (plan.batch_size if plan.auto_collation else None, plan.drop_last)
             ),
+            receiver=receiver,
         )
 
     def release(self) -> None:

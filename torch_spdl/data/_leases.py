@@ -57,10 +57,10 @@ class Leases:
         self._round = 0
         self.closed = False
 
-    def take(self, b: int) -> int | None:
+    def take(self, b: int, block: bool = True) -> int | None:
         """An arena for batch ``b``; ``NO_ARENA`` when the training loop holds too many
-        batches for one to come free; ``None`` when the epoch ended (``interrupt``) or the
-        workers closed while waiting."""
+        batches for one to come free (or, with ``block=False``, when none is free now);
+        ``None`` when the epoch ended (``interrupt``) or the workers closed while waiting."""
         with self._cond:
             start = self._round
             while True:
@@ -71,7 +71,7 @@ class Leases:
                     self._batch_of[arena] = b
                     self._arena_of[b] = arena
                     return arena
-                if len(self._held) > self.allowance:
+                if len(self._held) > self.allowance or not block:
                     return NO_ARENA
                 self._cond.wait()
 

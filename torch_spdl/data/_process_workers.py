@@ -23,9 +23,15 @@ another pipeline's, say) is never needed in the child. Each child closes the pip
 siblings, so that its parent's death reaches it as the end of its pipe; the arenas are the
 loader's and any worker may write a batch into any of them.
 
-One receiver thread in the loader's process waits on every worker's pipe and on every
-worker's exit at once: a worker that dies (killed, ``os._exit``, a crash in C) fails the
-batches it held with an error that names it, instead of leaving the loader waiting.
+Results are read by one wait on every worker's pipe and on every worker's exit at once: a
+worker that dies (killed, ``os._exit``, a crash in C) fails the batches it held with an
+error that names it, instead of leaving the loader waiting. That wait runs on a receiver
+thread of the loader's process when the batches feed a pipeline, or, with
+``receiver=False``, in the thread that asks for a batch (:meth:`ProcessWorkers.result`), as
+torch's loader reads its workers' results inside ``next()``: a background thread that
+wakes each time a batch arrives takes a core from the training step that runs meanwhile
+(measured on 2 cores with a small CNN training on 256 path strings a batch: 24k samples/s
+with the receiving and settling threads, against torch's 36k).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ import multiprocessing as mp
 import pickle
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from multiprocessing.connection import wait
@@ -43,7 +50,6 @@ from typing import Any
 
 from ._fetch import Fetched
 from ._leases import NO_ARENA, Leases
-from ._libc import trim
 from ._process_worker_main import ITERATE, rebuild_error, worker_main
 from ._shared_batch import Arena, load_batch
 
@@ -92,6 +98,9 @@ class ProcessWorkers:
         in_flight: batches each worker may hold at once (torch's ``prefetch_factor``).
         mp_context: a multiprocessing context or its name (default: the platform's).
         stage_fns: resolves the dataset's stages in a worker (see :func:`worker_steps`).
+        iterable: an ``IterableDataset``'s ``(batch_size, drop_last)``, or None.
+        receiver: read results on a receiver thread (for a pipeline); False: in the thread
+            that calls :meth:`result`, which then never blocks on a free arena either.
     """
 
     def __init__(
@@ -106,6 +115,7 @@ class ProcessWorkers:
         mp_context: Any = None,
         stage_fns: Callable[[Any, int], Sequence[Callable[[Any], Any]]] | None = None,
         iterable: tuple[int | None, bool] | None = None,
+        receiver: bool = True,
     ) -> None:
         ctx = mp_context
         if ctx is None or isinstance(ctx, str):
@@ -134,7 +144,6 @@ class ProcessWorkers:
             auto_collation,
             iterable,
         )
-        trim()  # what this process holds, every worker inherits
         for w in self._workers:
             # Every pipe end but this worker's own two (its parent's end of its task pipe
             # among them: held open in the child, the parent's death would go unnoticed).
@@ -155,10 +164,15 @@ class ProcessWorkers:
         for w in self._workers:  # the parent keeps its own ends only
             for end in w.child_ends:
                 end.close()
-        self._receiver = threading.Thread(
-            target=self._receive, name="torch_spdl-worker-receiver", daemon=True
-        )
-        self._receiver.start()
+        self._conns: dict[Any, _Worker] = {w.results: w for w in self._workers}
+        self._sentinels: dict[Any, _Worker] = {w.process.sentinel: w for w in self._workers}
+        self._pumping = threading.Lock()  # one reader of the pipes at a time
+        self._receiver: threading.Thread | None = None
+        if receiver:
+            self._receiver = threading.Thread(
+                target=self._receive, name="torch_spdl-worker-receiver", daemon=True
+            )
+            self._receiver.start()
 
     @property
     def pids(self) -> list[int]:
@@ -193,7 +207,9 @@ class ProcessWorkers:
             unsent: Future[Fetched | None] = Future()
             unsent.set_result(Fetched(samples=[], errors=[(-1, indices, exc)]))
             return unsent
-        slot = self._leases.take(b) if self._arenas is not None else NO_ARENA
+        slot: int | None = NO_ARENA
+        if self._arenas is not None:
+            slot = self._leases.take(b, block=self._receiver is not None)
         if slot is None:
             raise _closed()
         future: Future[Fetched | None] = Future()
@@ -211,6 +227,22 @@ class ProcessWorkers:
         except (OSError, ValueError):
             pass  # the worker is gone: the receiver fails the batch with the reason
         return future
+
+    def result(self, future: Future[Fetched | None], timeout: float | None = None) -> Any:
+        """What ``future`` (from :meth:`submit`) holds, waiting at most ``timeout`` seconds
+        (``TimeoutError`` then). Without a receiver thread the waiting thread reads the
+        workers' pipes itself."""
+        if self._receiver is not None:
+            return future.result(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._pumping:
+            while not future.done():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"no batch from the worker processes within {timeout} s")
+                if not self._pump(left):
+                    break
+        return future.result(0)
 
     def delivered(self, b: int) -> None:
         """The training loop was given batch ``b`` (its arena now counts as the loop's)."""
@@ -242,7 +274,8 @@ class ProcessWorkers:
             except (OSError, ValueError):
                 pass
         self._wake_w.send(None)
-        self._receiver.join()
+        if self._receiver is not None:
+            self._receiver.join()
         for w in self._workers:
             w.process.join(_GRACE_S)
             if w.process.is_alive():  # busy in user code, or stuck
@@ -256,32 +289,37 @@ class ProcessWorkers:
         self._wake_r.close()
         self._wake_w.close()
 
-    # -- the receiver thread --------------------------------------------------------------
+    # -- reading results (on the receiver thread, or in the thread that waits) -------------
     def _receive(self) -> None:
-        conns: dict[Any, _Worker] = {w.results: w for w in self._workers}
-        sentinels: dict[Any, _Worker] = {w.process.sentinel: w for w in self._workers}
-        while True:
-            ready = wait([self._wake_r, *conns, *sentinels])
-            if self._wake_r in ready:
-                return
-            for r in ready:
-                worker = conns.get(r)
-                if worker is not None:
-                    try:
-                        self._settle(worker, worker.results.recv())
-                    except (EOFError, OSError):
-                        del conns[r]  # exiting: its sentinel tells why
-            for r in ready:
-                worker = sentinels.pop(r, None)
-                if worker is None:
-                    continue
-                while worker.results in conns and worker.results.poll():
-                    try:  # what it sent before it exited
-                        self._settle(worker, worker.results.recv())
-                    except (EOFError, OSError):
-                        break
-                conns.pop(worker.results, None)
-                self._died(worker)
+        while self._pump(None):
+            pass
+
+    def _pump(self, timeout: float | None) -> bool:
+        """Read what the workers sent, or learn that one died, waiting at most ``timeout``;
+        False once the workers are being shut down."""
+        conns, sentinels = self._conns, self._sentinels
+        ready = wait([self._wake_r, *conns, *sentinels], timeout)
+        if self._wake_r in ready:
+            return False
+        for r in ready:
+            worker = conns.get(r)
+            if worker is not None:
+                try:
+                    self._settle(worker, worker.results.recv())
+                except (EOFError, OSError):
+                    del conns[r]  # exiting: its sentinel tells why
+        for r in ready:
+            worker = sentinels.pop(r, None)
+            if worker is None:
+                continue
+            while worker.results in conns and worker.results.poll():
+                try:  # what it sent before it exited
+                    self._settle(worker, worker.results.recv())
+                except (EOFError, OSError):
+                    break
+            conns.pop(worker.results, None)
+            self._died(worker)
+        return True
 
     def _settle(self, worker: _Worker, message: Any) -> None:
         kind = message[0]

@@ -88,8 +88,9 @@ class StagedDataModule(pl.LightningDataModule):
     received (Lightning does not fetch ahead of ``training_step`` on a loader with a length),
     so resuming from a mid-epoch checkpoint delivers exactly the rest of the epoch.
 
-    ``seed_everything(workers=True)`` is safe: the loader does not run Lightning's
-    process-wide reseeding in its worker threads (see ``docs/lightning.md``).
+    ``seed_everything(workers=True)`` works as under torch: Lightning's worker seeding runs
+    in the worker processes (and is skipped in worker threads, whose reseeding would be
+    process-wide; see ``docs/lightning.md``).
     Other keyword arguments go to every :class:`torch_spdl.DataLoader`.
     """
 
@@ -166,7 +167,7 @@ class StagedDataModule(pl.LightningDataModule):
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            num_workers=self.cpu_concurrency,  # the threads running the CPU stage
+            num_workers=self.cpu_concurrency,  # the workers running the CPU stage
             io_concurrency=self.io_concurrency,
             cpu_concurrency=self.cpu_concurrency,
             collate_fn=self.collate_fn,

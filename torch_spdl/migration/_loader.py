@@ -2,8 +2,10 @@
 
 ``from torch.utils.data import DataLoader`` becomes ``from torch_spdl import DataLoader``
 (other names stay on the torch import); ``torch.utils.data.DataLoader`` (however imported)
-becomes ``torch_spdl.DataLoader``. Calls keep every argument; the ones whose meaning
-differs under torch_spdl (workers are threads, ...) are flagged in the report.
+becomes ``torch_spdl.DataLoader``. Calls keep every argument; the few whose meaning
+differs under torch_spdl are flagged in the report (workers are worker processes seeded
+and ordered as torch's, so ``num_workers``, ``worker_init_fn``, ``persistent_workers``,
+``prefetch_factor`` and ``multiprocessing_context`` mean what they mean there).
 """
 
 from __future__ import annotations
@@ -32,24 +34,6 @@ POSITIONAL = (
 )
 
 ARGUMENT_NOTES: dict[str, str] = {
-    "num_workers": (
-        "{arg}: worker threads, not processes (worker_type='process' for processes); a "
-        "staged dataset's stages use io_concurrency (default max(num_workers, 8)) and "
-        "cpu_concurrency (default num_workers) instead"
-    ),
-    "prefetch_factor": (
-        "{arg}: sets the default buffer_size (prefetch_factor * num_workers batches, at "
-        "least 2); buffer_size= sets it directly"
-    ),
-    "persistent_workers": (
-        "{arg}: keeps the worker threads (and what worker_init_fn set up in them) across epochs"
-    ),
-    "worker_init_fn": (
-        "{arg}: runs once in each worker thread, not process; the global RNGs are not "
-        "reseeded per worker (threads share them): use torch_spdl.get_worker_info()"
-        ".generator / .random for per-worker randomness"
-    ),
-    "multiprocessing_context": "{arg}: no effect unless worker_type='process'",
     "timeout": "{arg}: bounds the wait for each batch from the whole pipeline, not one worker",
     "pin_memory": (
         "{arg}: pinned on a transfer stage, only when CUDA is available; device= also moves "

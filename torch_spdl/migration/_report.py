@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 __all__ = ["Decision", "FileResult", "render_json", "render_text"]
 
-Kind = Literal["import", "call", "argument", "split", "kept", "note", "skipped"]
+Kind = Literal["import", "call", "argument", "split", "kept", "note", "library", "skipped"]
 
 
 @dataclass
@@ -78,10 +78,17 @@ def render_text(results: list[FileResult]) -> str:
             lines.append(f"  line {d.line}: {d.kind}: {d.message}")
     changed = sum(r.status == "changed" for r in results)
     failed = sum(r.status == "error" for r in results)
-    lines.append(
+    library = sum(d.kind == "library" for r in results for d in r.decisions)
+    summary = (
         f"{len(results)} file(s): {changed} to change, {len(results) - changed - failed} "
         f"unchanged, {failed} failed"
     )
+    if library:
+        summary += (
+            f"; {library} loader(s) built inside libraries, out of reach of the swap: "
+            "see the 'library' lines for the line that swaps each"
+        )
+    lines.append(summary)
     return "\n".join(lines) + "\n"
 
 

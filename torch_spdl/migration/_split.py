@@ -95,14 +95,6 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
                 "__getitem__ declares global/nonlocal names: state shared across samples",
                 line_of(s),
             )
-        if f.shared_rng:
-            return Refusal(
-                f"draws from a shared random generator ({f.shared_rng[0]}): the loader runs "
-                "samples concurrently, so which sample gets which draw would depend on "
-                "timing, split or not; derive a generator from the index instead, e.g. "
-                "numpy.random.default_rng((seed, index))",
-                line_of(s),
-            )
     io_at = [i for i, f in enumerate(facts) if f.io]
     if not io_at:
         return Refusal(
@@ -117,6 +109,16 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
                 line_of(f.mixed_loops[0]),
             )
     cut = io_at[-1] + 1
+    for s, f in zip(stmts[:cut], facts[:cut], strict=True):
+        if f.shared_rng:
+            return Refusal(
+                f"draws from a shared random generator ({f.shared_rng[0]}) before the I/O "
+                "ends: load runs on threads of the training process, so which sample gets "
+                "which draw would depend on timing; move the draw after the reads, or "
+                "derive a generator from the index, e.g. numpy.random.default_rng((seed, "
+                "index))",
+                line_of(s),
+            )
     if cut == len(stmts):
         last = stmts[-1]
         what = (
@@ -164,6 +166,14 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
             )
         elif f.compute and not f.io:
             notes.append(f"line {line_of(s)}: CPU work before the last I/O stays in load")
+    for s, f in zip(stmts[cut:], facts[cut:], strict=True):
+        if f.shared_rng:
+            notes.append(
+                f"line {line_of(s)} draws from a shared random generator ({f.shared_rng[0]}) "
+                "in process: it runs in the worker processes, seeded and ordered as torch's, "
+                "so batches stay torch's with worker_type='process' (the default); "
+                "worker_type='thread' would make the draws depend on timing"
+            )
     for attr in sorted(set().union(*(f.mutated_attrs for f in facts[:cut]))):
         notes.append(
             f"self.{attr} is assigned in load (e.g. opened lazily): load runs on several "

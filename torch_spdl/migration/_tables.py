@@ -18,7 +18,7 @@ __all__ = [
     "DATASET_BASES",
     "ITERABLE_BASES",
     "DATALOADER_NAMES",
-    "GET_WORKER_INFO_NAMES",
+    "LIBRARY_LOADERS",
 ]
 
 # Calls that read from files, URLs or remote stores.
@@ -248,6 +248,33 @@ ITERABLE_BASES: frozenset[str] = frozenset(
 DATALOADER_NAMES: frozenset[str] = frozenset(
     {"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"}
 )
-GET_WORKER_INFO_NAMES: frozenset[str] = frozenset(
-    {"torch.utils.data.get_worker_info", "torch.utils.data.dataloader.get_worker_info"}
+
+_TORCH_LOOKUP = (
+    "torch.utils.data.DataLoader = torch_spdl.DataLoader  (timm looks the class up on "
+    "torch.utils.data each time it builds a loader)"
 )
+
+
+def _bound_at_import(module: str) -> str:
+    return f"{module}.DataLoader = torch_spdl.DataLoader  ({module} bound torch's class at import)"
+
+
+# Calls that build torch's DataLoader inside a library, where the import swap cannot reach:
+# the qualified name -> the one line (run before the call) that makes it build ours.
+LIBRARY_LOADERS: dict[str, str] = {
+    "timm.data.create_loader": _TORCH_LOOKUP,
+    "timm.data.loader.create_loader": _TORCH_LOOKUP,
+    **{
+        f"{package}.LightningDataModule.from_datasets": _bound_at_import(f"{core}.core.datamodule")
+        for package, core in (
+            ("lightning", "lightning.pytorch"),
+            ("lightning.pytorch", "lightning.pytorch"),
+            ("lightning.pytorch.core", "lightning.pytorch"),
+            ("lightning.pytorch.core.datamodule", "lightning.pytorch"),
+            ("pytorch_lightning", "pytorch_lightning"),
+            ("pytorch_lightning.core", "pytorch_lightning"),
+        )
+    },
+    "transformers.Trainer": _bound_at_import("transformers.trainer"),
+    "transformers.trainer.Trainer": _bound_at_import("transformers.trainer"),
+}

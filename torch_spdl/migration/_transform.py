@@ -12,7 +12,7 @@ from ._imports import ensure_imports
 from ._loader import argument_notes, split_dataloader_import
 from ._names import ImportMap
 from ._report import Decision
-from ._tables import DATALOADER_NAMES, GET_WORKER_INFO_NAMES
+from ._tables import DATALOADER_NAMES, LIBRARY_LOADERS
 
 __all__ = ["migrate_module"]
 
@@ -32,7 +32,6 @@ class _Migrator(cst.CSTTransformer):
         self.decisions = decisions
         self.names: list[tuple[str, str | None]] = []  # to import from torch_spdl
         self.want_module = False  # `import torch_spdl` needed
-        self._worker_info_lines: set[int] = set()
 
     def _note(self, node: cst.CSTNode, kind: str, message: str) -> None:
         self.decisions.append(Decision(self.line_of(node), kind, message))  # type: ignore[arg-type]
@@ -80,38 +79,30 @@ class _Migrator(cst.CSTTransformer):
                 f"{cst.Module([]).code_for_node(original_node)} -> torch_spdl.DataLoader",
             )
             return cst.Attribute(value=cst.Name("torch_spdl"), attr=cst.Name("DataLoader"))
-        if name in GET_WORKER_INFO_NAMES:
-            self._worker_info(original_node)
         return updated_node
-
-    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
-        if self.imports.names.get(original_node.value) in GET_WORKER_INFO_NAMES:
-            self._worker_info(original_node)
-        return updated_node
-
-    def _worker_info(self, node: cst.CSTNode) -> None:
-        line = self.line_of(node)
-        if line in self._worker_info_lines:  # one note per line
-            return
-        self._worker_info_lines.add(line)
-        self._note(
-            node,
-            "note",
-            "torch.utils.data.get_worker_info() is None in torch_spdl's worker threads; "
-            "torch_spdl.get_worker_info() gives the thread's id, seed and generators",
-        )
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        if self.imports.resolve(original_node.func) in DATALOADER_NAMES:
+        name = self.imports.resolve(original_node.func)
+        if name in DATALOADER_NAMES:
             for note in argument_notes(original_node):
                 self._note(original_node, "argument", f"DataLoader(...): {note}")
             if self.plans:
                 self._note(
                     original_node,
                     "note",
-                    "DataLoader(...): a staged dataset's load and process stages are sized "
-                    "by io_concurrency= and cpu_concurrency=",
+                    "DataLoader(...): a staged dataset's load stage runs on io_concurrency "
+                    "threads of this process (default: autotuned, at least max(num_workers, "
+                    "8)); process runs in the num_workers worker processes, as torch's",
                 )
+        elif name is not None and name in LIBRARY_LOADERS:
+            code = cst.Module([]).code_for_node(original_node.func)
+            self._note(
+                original_node,
+                "library",
+                f"{code}(...) builds torch's DataLoader inside {name.split('.')[0]}, out of "
+                "reach of the import swap; to load with torch_spdl, run this line before "
+                f"it: {LIBRARY_LOADERS[name]}",
+            )
         return updated_node
 
     # -- datasets -------------------------------------------------------------------------

@@ -2,8 +2,9 @@
 
 ``AugmentedDataset`` derives each sample's generator from (seed, index): the draws of a
 sample do not depend on which worker runs it, or when. ``SharedRngDataset`` keeps one
-seeded generator for all samples: its draws follow the order in which samples are
-processed, so the tool leaves it as one stage (and says why).
+seeded generator for all samples: its draws follow the order in which each worker
+processes its samples, which torch_spdl's worker processes keep as torch's, so the tool
+splits it too (the draw is after the read: it runs in the workers) and says so.
 """
 
 from pathlib import Path
@@ -44,7 +45,7 @@ class AugmentedDataset(StagedDataset, Dataset):
         return torch.from_numpy(patch.astype(np.float32))
 
 
-class SharedRngDataset(Dataset):
+class SharedRngDataset(StagedDataset, Dataset):
     def __init__(self, root, crop=6, seed=0):
         self.files = sorted(Path(root).glob("*.npy"))
         self.crop = crop
@@ -54,7 +55,15 @@ class SharedRngDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, index):
+        return self.process(self.load(index))
+
+    def load(self, index):
+        """The I/O part of ``__getitem__`` (split by torch-spdl migrate)."""
         image = np.load(self.files[index])
+        return image
+
+    def process(self, image):
+        """The CPU part of ``__getitem__`` (split by torch-spdl migrate)."""
         top = self.rng.integers(0, image.shape[0] - self.crop + 1)
         patch = image[top : top + self.crop, : self.crop]
         return torch.from_numpy(patch.astype(np.float32))

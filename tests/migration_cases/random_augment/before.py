@@ -2,8 +2,9 @@
 
 ``AugmentedDataset`` derives each sample's generator from (seed, index): the draws of a
 sample do not depend on which worker runs it, or when. ``SharedRngDataset`` keeps one
-seeded generator for all samples: its draws follow the order in which samples are
-processed, so the tool leaves it as one stage (and says why).
+seeded generator for all samples: its draws follow the order in which each worker
+processes its samples, which torch_spdl's worker processes keep as torch's, so the tool
+splits it too (the draw is after the read: it runs in the workers) and says so.
 """
 
 from pathlib import Path
