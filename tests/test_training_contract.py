@@ -228,17 +228,16 @@ def test_batches_equal_torchs_for_any_seed_and_shape(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_pinned_and_device_batches_with_the_default_workers(num_workers: int) -> None:
-    expected = _epochs(TorchDataLoader, Augmented(16), 1, 3, batch_size=4, num_workers=0)[0]
-    pinned = torch_spdl.DataLoader(
-        Augmented(16), batch_size=4, num_workers=num_workers, pin_memory=True
-    )
-    torch.manual_seed(3)
-    random.seed(3)
-    np.random.seed(3)
-    batches = list(pinned)
+    def seeded_batches(loader_cls: type, **kwargs: object) -> list:
+        torch.manual_seed(3)
+        random.seed(3)
+        np.random.seed(3)
+        return list(loader_cls(Augmented(16), batch_size=4, num_workers=num_workers, **kwargs))
+
+    expected = [_digest(b) for b in seeded_batches(TorchDataLoader, pin_memory=True)]
+    batches = seeded_batches(torch_spdl.DataLoader, pin_memory=True)
     assert all(b[0].is_pinned() for b in batches)
-    if num_workers == 0:  # the same draws as torch's single-process loading
-        assert [_digest(b) for b in batches] == expected
+    assert [_digest(b) for b in batches] == expected  # torch's batches, pinned
     on_gpu = torch_spdl.DataLoader(
         Augmented(16), batch_size=4, num_workers=num_workers, device="cuda"
     )
