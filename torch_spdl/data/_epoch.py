@@ -1,9 +1,12 @@
-"""One epoch of a DataLoader: runs its pipeline, tracks what was delivered.
+"""One epoch of a DataLoader: makes its batches, tracks what was delivered.
 
 The loader hands the epoch an :class:`~._epoch_plan.EpochPlan` (its settings, frozen) and
-its :class:`~._epoch_plan.LoaderResources` (what outlives the epoch); the pipeline is
-declared by :class:`~._epoch_pipeline.EpochParts`. Here: the epoch's random draws, the
-batches it delivered (for ``state_dict``), the errors it raises, and its end.
+its :class:`~._epoch_plan.LoaderResources` (what outlives the epoch). The batches come
+either from ``next()`` itself (:mod:`._caller`: torch's default shapes, worker processes
+fed and read by the calling thread, or loading inline with ``num_workers=0``) or from a
+pipeline declared by :class:`~._epoch_pipeline.EpochParts` (a staged dataset, worker
+threads, ``in_order=False``, pinning or moving batches). Here: the epoch's random draws,
+the batches it delivered (for ``state_dict``), the errors it raises, and its end.
 """
 
 from __future__ import annotations

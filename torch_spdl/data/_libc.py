@@ -1,21 +1,19 @@
-"""Two requests to the C allocator that keep worker processes as small as torch's.
+"""Two requests to the C allocator, made only where the loader owns the process.
 
 Both are glibc's (``mallopt``, ``malloc_trim``); with another C library they do nothing.
+Neither is ever made process-wide in the training process as a setting: the training step
+allocates activations and gradients over 1 MiB every step, and a fixed mmap threshold made
+each of them a fresh mapping (whole training runs 1.3-2.7x slower; docs/dataloader.md,
+"Memory").
 
-- Before the workers are forked: give back the pages that free memory holds. Whatever the
-  loader's process holds at that moment, every worker inherits; free memory inside the
-  allocator's per-thread arenas (left, for example, by the threads that measured the first
-  batches when ``worker_type="auto"`` chose processes) is never touched again but stays
-  resident, and its pages are counted in every process that maps them.
-- Give a block of 1 MiB or more back to the system as soon as it is freed, in worker
-  processes and in the loader's process once an epoch with workers starts. glibc serves
-  such blocks with their own mappings at first, but raises that threshold each time one is
-  freed (up to 32 MiB); from then on every batch-sized block comes from a heap, and with
-  several threads from several heaps (one per thread), which keep freed batches resident
-  and are never trimmed. Measured, 3x224x224 batches of 128 on 4 loading threads: peak
-  PSS 525-543 MiB with glibc's sliding threshold, 402-420 MiB with it fixed at 1 MiB
-  (torch: 437), at the same rate. It is process-wide and glibc's own starting behaviour;
-  ``TORCH_SPDL_MALLOC_TUNING=0`` leaves the allocator alone.
+- :func:`trim`: give back the pages that free memory holds, before worker processes are
+  forked after ``worker_type="auto"`` measured on threads: whatever the loader's process
+  holds then, every worker inherits. An action, not a setting.
+- :func:`return_large_blocks`: in a worker process (the loader's own, running no training
+  code), give a block of 1 MiB or more back to the system as soon as it is freed. glibc
+  serves such blocks with their own mappings at first but raises that threshold each time
+  one is freed (up to 32 MiB), after which batch-sized blocks come from heaps that keep
+  freed batches resident. ``TORCH_SPDL_MALLOC_TUNING=0`` leaves the workers' allocator alone.
 """
 
 from __future__ import annotations
