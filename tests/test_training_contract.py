@@ -110,6 +110,8 @@ _PROCESS_STATE = textwrap.dedent(
     """
     import ctypes, json, sys
     import torch
+
+    code = torch.utils.data.get_worker_info.__code__  # before torch_spdl is imported
     import torch_spdl
 
     libc = ctypes.CDLL(None)
@@ -149,6 +151,7 @@ _PROCESS_STATE = textwrap.dedent(
         "threads": [threads, torch.get_num_threads()],
         "mapped": [before, mapped_when_freed_big_block_before()],
         "total": total,
+        "torch_functions_untouched": torch.utils.data.get_worker_info.__code__ is code,
     }))
     """
 )
@@ -168,6 +171,7 @@ def test_the_training_process_is_left_alone(num_workers: int) -> None:
     assert state["total"] == sum(i * 64 * 64 for i in range(64))
     assert state["threads"][0] == state["threads"][1]
     assert state["mapped"] == [0, 0]
+    assert state["torch_functions_untouched"]
 
 
 class Segfaults(Dataset):

@@ -29,7 +29,6 @@ from ._worker_choice import WorkerChoice
 
 __all__ = ["DataLoader"]
 
-install_torch_worker_info()  # torch.utils.data.get_worker_info() answers in loader threads
 _WORKER_TYPES = ("auto", "thread", "process")
 
 
@@ -177,6 +176,11 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self.max_failures = max_failures
         self.per_worker_dataset = per_worker_dataset
         self.check_worker_number_rationality()
+        if worker_type != "process" or isinstance(dataset, StagedDataset):
+            # Loader threads will run user code: torch.utils.data.get_worker_info() must
+            # answer in them. Only then is torch's function touched (never by the default,
+            # whose workers are processes: the training process stays as torch leaves it).
+            install_torch_worker_info()
         self._epoch = -1
         self._resume: dict[str, Any] | None = None
         self._live: weakref.ReferenceType[EpochIterator] | None = None

@@ -23,7 +23,7 @@ from ._fetch import Fetched, IterableFetcher, fetch_batch
 from ._leases import NO_ARENA
 from ._libc import return_large_blocks
 from ._shared_batch import Arena, BatchSpace, dump_batch
-from ._worker import set_process_worker_info
+from ._worker import install_torch_worker_info, set_process_worker_info
 
 __all__ = ["ITERATE", "rebuild_error", "worker_main"]
 
@@ -69,6 +69,7 @@ def worker_main(
     return_large_blocks()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
     dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable = config
+    install_torch_worker_info()  # this process is the loader's: collate then sees no worker
     try:
         set_process_worker_info(wid, num_workers, base_seed, dataset)
         if init_fn is not None:
