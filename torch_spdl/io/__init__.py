@@ -15,25 +15,66 @@ Every input that cannot be read raises :class:`MediaError`, naming the source.
 
 from __future__ import annotations
 
-from ._async import (
-    async_convert_frames,
-    async_decode_packets,
-    async_demux_audio,
-    async_demux_image,
-    async_demux_video,
-    async_load_image_batch,
-    async_transfer_tensor,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._buffers import BufferPool
-from ._convert import convert_frames, to_torch
-from ._decode import decode_packets, pick_lowres
-from ._demux import Packets, demux_audio, demux_image, demux_video
 from ._errors import MediaError
 from ._filter_desc import get_audio_filter_desc, get_video_filter_desc
-from ._frames import AudioFrames, Frames, ImageFrames, VideoFrames
-from ._input import Source
-from ._load import decode_image, load_audio, load_image, load_image_batch, load_video
 from ._transfer import CUDAConfig, cuda_config, transfer_tensor
+
+# The names that need PyAV are imported on first use: importing PyAV takes about 50 ms,
+# and ``torch_spdl.DataLoader`` (which uses BufferPool and transfer_tensor) is imported by
+# training scripts that decode no media with us.
+_LAZY = {
+    "_async": (
+        "async_convert_frames",
+        "async_decode_packets",
+        "async_demux_audio",
+        "async_demux_image",
+        "async_demux_video",
+        "async_load_image_batch",
+        "async_transfer_tensor",
+    ),
+    "_convert": ("convert_frames", "to_torch"),
+    "_decode": ("decode_packets", "pick_lowres"),
+    "_demux": ("Packets", "demux_audio", "demux_image", "demux_video"),
+    "_frames": ("AudioFrames", "Frames", "ImageFrames", "VideoFrames"),
+    "_input": ("Source",),
+    "_load": ("decode_image", "load_audio", "load_image", "load_image_batch", "load_video"),
+}
+_MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
+
+if TYPE_CHECKING:
+    from ._async import (
+        async_convert_frames,
+        async_decode_packets,
+        async_demux_audio,
+        async_demux_image,
+        async_demux_video,
+        async_load_image_batch,
+        async_transfer_tensor,
+    )
+    from ._convert import convert_frames, to_torch
+    from ._decode import decode_packets, pick_lowres
+    from ._demux import Packets, demux_audio, demux_image, demux_video
+    from ._frames import AudioFrames, Frames, ImageFrames, VideoFrames
+    from ._input import Source
+    from ._load import decode_image, load_audio, load_image, load_image_batch, load_video
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "AudioFrames",
