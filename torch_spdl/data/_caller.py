@@ -12,9 +12,10 @@ unrepeatable, so by default the loader does exactly what torch does here
 
 With worker processes, torch's ``next()`` sends the next indices and reads the next
 result itself; nothing of the loader runs while the training step does. The training step
-needs the cores: on 2 cores, a receiver and a settling thread that wake whenever a batch
-arrives cost a small CNN's training loop a third of its rate (24k against torch's 36k path
-strings a second). :class:`WorkerFeed` does what torch's ``next()`` does, with the
+needs the cores: on 2 cores, a small CNN's training loop over batches of 256 path strings
+read 24k samples/s with a receiver and a settling thread waking whenever a batch arrived,
+and 28k without them (torch: 35k; the rest of that gap was the sampler, see
+docs/dataloader.md). :class:`WorkerFeed` does what torch's ``next()`` does, with the
 loader's shared-memory arenas.
 
 :class:`CallerLoading` turns any of these feeds into batches, with the loader's failure

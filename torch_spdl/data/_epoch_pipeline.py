@@ -165,7 +165,6 @@ class EpochParts:
     def caller_processes(self) -> ProcessWorkers:
         """The worker processes of an epoch whose batches the calling thread sends and
         reads itself (``_caller.WorkerFeed``): no pipeline, no receiver thread."""
-        self._start(0, set())
         self._resources.drop_recycled_buffers()
         workers = self.loading = self._workers.processes(receiver=False)
         return workers
