@@ -10,7 +10,9 @@ Two layers, the names of SPDL's ``spdl.io``:
 - one call: :func:`load_image`, :func:`load_image_batch`, :func:`load_video`,
   :func:`load_audio`.
 
-Every input that cannot be read raises :class:`MediaError`, naming the source.
+Every input that cannot be read raises :class:`MediaError`, naming the source; so does an
+image or video frame that declares more pixels than ``max_pixels`` (default
+:data:`DEFAULT_MAX_PIXELS`, PIL's limit), before it is decoded.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ._buffers import BufferPool
 from ._errors import MediaError
 from ._filter_desc import get_audio_filter_desc, get_video_filter_desc
+from ._limits import DEFAULT_MAX_PIXELS
 from ._transfer import CUDAConfig, cuda_config, transfer_tensor
 
 # The names that need PyAV are imported on first use: importing PyAV takes about 50 ms,
@@ -80,6 +83,7 @@ __all__ = [
     "AudioFrames",
     "BufferPool",
     "CUDAConfig",
+    "DEFAULT_MAX_PIXELS",
     "Frames",
     "ImageFrames",
     "MediaError",

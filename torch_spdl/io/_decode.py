@@ -13,6 +13,7 @@ from ._demux import Packets
 from ._errors import MediaError
 from ._filter import as_reformat, filter_graph, target_size
 from ._frames import AudioFrames, Frames, ImageFrames, VideoFrames
+from ._limits import check_size, decoder_limit
 
 _LG = logging.getLogger(__name__)
 
@@ -41,8 +42,16 @@ def image_options(
 
 
 def _configure(packets: Packets, desc: str | None, options: dict[str, str] | None) -> Any:
+    """The stream's decoder with its options set; not opened yet, so nothing is decoded
+    or allocated before the declared size has passed the pixel limit."""
     ctx = packets.stream.codec_context
+    if ctx is None:
+        raise MediaError(packets.source, "no decoder for the stream's codec")
     opts = dict(options or {})
+    if packets.media_type != "audio":
+        check_size(packets.source, ctx.width, ctx.height, packets.max_pixels)
+        for key, value in decoder_limit(packets.max_pixels, ctx.width, ctx.height).items():
+            opts.setdefault(key, value)
     if packets.media_type == "image":
         opts = image_options(ctx.name, ctx.width, ctx.height, desc, opts)
     if packets.media_type == "video" and "threads" not in opts:
@@ -70,6 +79,17 @@ def _in_window(frames: Iterator[Any], window: tuple[float, float] | None) -> Ite
         yield frame
 
 
+def _limit_hint(packets: Packets) -> str:
+    """A note for a picture whose size was unknown until the decoder refused it: FFmpeg's
+    error for a frame over the decoder's ``max_pixels`` says only "invalid"."""
+    ctx = packets.stream.codec_context
+    if packets.media_type == "audio" or packets.max_pixels is None or ctx.width:
+        return ""
+    return (
+        f" (its size was unknown before decoding: it may be over max_pixels={packets.max_pixels:,})"
+    )
+
+
 def decode_packets(
     packets: Packets,
     *,
@@ -79,6 +99,10 @@ def decode_packets(
     """Decode ``packets`` and run the frames through ``filter_desc`` (see
     :func:`get_video_filter_desc`). Returns :class:`ImageFrames`, :class:`VideoFrames` or
     :class:`AudioFrames`. Closes the packets' container. Raises :class:`MediaError`.
+
+    Pictures are held to ``packets.max_pixels`` (set by :func:`demux_image` /
+    :func:`demux_video`): the declared size is checked before decoding, and the decoder
+    refuses a frame over it whose size shows up only while decoding.
     """
     try:
         ctx = _configure(packets, filter_desc, decoder_options)
@@ -91,7 +115,7 @@ def decode_packets(
                 frames = filter_graph(frames, filter_desc, packets.media_type)
         out = list(frames)
     except (av.FFmpegError, ValueError, OSError) as e:
-        raise MediaError(packets.source, f"cannot decode: {e}") from e
+        raise MediaError(packets.source, f"cannot decode: {e}{_limit_hint(packets)}") from e
     finally:
         packets.container.close()
     if not out:

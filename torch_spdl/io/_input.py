@@ -36,8 +36,12 @@ def read_bytes(src: Source, name: str) -> bytes | bytearray | memoryview:
     return data
 
 
-def open_container(src: Source, name: str) -> Any:
-    """Open ``src`` for reading; raise :class:`MediaError` naming ``name`` on failure."""
+def open_container(src: Source, name: str, options: dict[str, str] | None = None) -> Any:
+    """Open ``src`` for reading; raise :class:`MediaError` naming ``name`` on failure.
+
+    ``options`` go to the demuxer and to the decoders that probing opens (the limits of
+    ``_limits.decoder_limit``: probing decodes a frame of some streams, H.264 among them).
+    """
     if isinstance(src, (bytes, bytearray, memoryview)):
         if len(src) == 0:
             raise MediaError(name, "empty input")
@@ -45,6 +49,6 @@ def open_container(src: Source, name: str) -> Any:
     else:
         target = os.fspath(src)
     try:
-        return av.open(target, mode="r")
+        return av.open(target, mode="r", options=options or {})
     except (av.FFmpegError, OSError, ValueError) as e:
         raise MediaError(name, f"cannot open: {e}") from e

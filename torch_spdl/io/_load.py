@@ -17,6 +17,7 @@ from ._filter_desc import get_audio_filter_desc, get_video_filter_desc
 from ._frames import ImageFrames, VideoFrames
 from ._input import Source, describe, read_bytes
 from ._jpeg import decode_jpeg, is_jpeg, jpeg_size
+from ._limits import DEFAULT_MAX_PIXELS, check_size, decoder_limit
 
 _LG = logging.getLogger(__name__)
 
@@ -30,8 +31,21 @@ def decode_image(
     crop_height: int | None = None,
     pix_fmt: str = "rgb24",
     scale_algo: str = "bilinear",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> ImageFrames:
-    """Demux and decode one image, resized/cropped/converted inside FFmpeg."""
+    """Demux and decode one image, resized/cropped/converted inside FFmpeg.
+
+    Args:
+        src: a path, or the encoded bytes.
+        width: the output width (given alone, the aspect ratio is kept).
+        height: the output height (given alone, the aspect ratio is kept).
+        crop_width: the width of a center crop, taken after the resize.
+        crop_height: the height of a center crop, taken after the resize.
+        pix_fmt: the output pixel format.
+        scale_algo: FFmpeg's scaling algorithm.
+        max_pixels: an image that declares more pixels (width x height, before any
+            resize) raises :class:`MediaError` before it is decoded; None: no limit.
+    """
     desc = get_video_filter_desc(
         scale_width=width,
         scale_height=height,
@@ -45,10 +59,12 @@ def decode_image(
     reformat = as_reformat(desc)
     size = jpeg_size(data) if reformat is not None and is_jpeg(data) else None
     if reformat is not None and size is not None:  # the common case: a JPEG, resized
-        options = image_options("mjpeg", *size, desc, None)
+        check_size(label, *size, max_pixels)
+        options = image_options("mjpeg", *size, desc, decoder_limit(max_pixels, *size))
         frame = reformat.apply(decode_jpeg(data, label, options))
         return ImageFrames(label, [frame])
-    frames = decode_packets(demux_image(data, name=label), filter_desc=desc)
+    packets = demux_image(data, name=label, max_pixels=max_pixels)
+    frames = decode_packets(packets, filter_desc=desc)
     assert isinstance(frames, ImageFrames)
     return frames
 
@@ -62,8 +78,12 @@ def load_image(
     crop_height: int | None = None,
     pix_fmt: str = "rgb24",
     scale_algo: str = "bilinear",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
-    """Load one image as a ``uint8`` array ``(H, W, C)``. Raises :class:`MediaError`."""
+    """Load one image as a ``uint8`` array ``(H, W, C)``. Raises :class:`MediaError`.
+
+    The arguments are :func:`decode_image`'s, ``max_pixels`` (the pixel limit) included.
+    """
     frames = decode_image(
         src,
         width=width,
@@ -72,6 +92,7 @@ def load_image(
         crop_height=crop_height,
         pix_fmt=pix_fmt,
         scale_algo=scale_algo,
+        max_pixels=max_pixels,
     )
     return convert_frames([frames])[0]
 
@@ -85,19 +106,26 @@ def load_image_batch(
     scale_algo: str = "bilinear",
     strict: bool = True,
     pool: BufferPool | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
     """Decode and resize images into ONE ``uint8`` buffer ``(N, height, width, C)``.
 
     With ``strict=False`` an image that fails is logged and left out (the batch is
     shorter); with ``strict=True`` (default) the first failure raises :class:`MediaError`.
     All failing raises :class:`MediaError` either way. ``pool``: see :func:`convert_frames`.
+    ``max_pixels``: the pixel limit of :func:`decode_image`; an image over it fails.
     """
     frames: list[ImageFrames] = []
     for src in srcs:
         try:
             frames.append(
                 decode_image(
-                    src, width=width, height=height, pix_fmt=pix_fmt, scale_algo=scale_algo
+                    src,
+                    width=width,
+                    height=height,
+                    pix_fmt=pix_fmt,
+                    scale_algo=scale_algo,
+                    max_pixels=max_pixels,
                 )
             )
         except MediaError as e:
@@ -118,17 +146,21 @@ def load_video(
     height: int | None = None,
     pix_fmt: str = "rgb24",
     scale_algo: str = "bilinear",
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> np.ndarray:
     """Load a clip as a ``uint8`` array ``(T, H, W, C)``.
 
     ``timestamp=(start, end)`` keeps the frames shown in ``[start, end)`` seconds;
     ``indices`` keeps those frame numbers (counted from the window's first frame, or from
     the start). Raises :class:`MediaError` (also when an index is out of range).
+    ``max_pixels``: frames declaring more pixels (width x height, before any resize) raise
+    :class:`MediaError` before any is decoded; None: no limit. The limit is per frame.
     """
     desc = get_video_filter_desc(
         scale_width=width, scale_height=height, scale_algo=scale_algo, pix_fmt=pix_fmt
     )
-    frames = decode_packets(demux_video(src, timestamp=timestamp), filter_desc=desc)
+    packets = demux_video(src, timestamp=timestamp, max_pixels=max_pixels)
+    frames = decode_packets(packets, filter_desc=desc)
     assert isinstance(frames, VideoFrames)
     if indices is not None:
         n = len(frames.frames)
