@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -712,3 +714,102 @@ def test_write_through_a_symlink_migrates_its_target(tmp_path: Path) -> None:
     assert real.read_text() == "from torch_spdl import DataLoader\n"
     assert real.stat().st_mode & 0o7777 == 0o754
     assert sorted(p.name for p in real.parent.iterdir()) == ["train.py"]  # no temp left
+
+
+# -- --write: what it refuses, what it keeps ---------------------------------------------------
+_LOADER = "from torch.utils.data import DataLoader\n"
+_MIGRATED = "from torch_spdl import DataLoader\n"
+
+
+def test_write_refuses_a_read_only_file_and_does_the_others(tmp_path: Path) -> None:
+    # No write bit for its owner: refused even for root, whom the kernel would let write.
+    locked, other = tmp_path / "a_locked.py", tmp_path / "b_other.py"
+    for path in (locked, other):
+        path.write_text(_LOADER)
+    locked.chmod(0o444)
+    done = _cli("--write", str(tmp_path))
+    assert done.returncode == 1, done.stderr
+    assert (
+        f"{locked}: error: not written: read-only (mode -r--r--r--): its owner has no write "
+        "permission; make it writable (chmod u+w) to migrate it (left untouched)"
+    ) in done.stderr
+    assert locked.read_text() == _LOADER and locked.stat().st_mode & 0o7777 == 0o444
+    assert other.read_text() == _MIGRATED
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_locked.py", "b_other.py"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+@pytest.mark.parametrize("mode", [0o640, 0o6750])  # set-id bits: a chown clears them
+def test_write_keeps_the_owner_group_and_mode(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "train.py"
+    path.write_text(_LOADER)
+    os.chown(path, 65534, 65534)  # nobody, nogroup: not whoever runs the tool
+    path.chmod(mode)
+    done = _cli("--write", str(path))
+    assert done.returncode == 0, done.stderr
+    assert path.read_text() == _MIGRATED
+    st = path.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o7777) == (65534, 65534, mode)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write in any directory")
+def test_write_refuses_a_file_in_a_directory_it_may_not_write(tmp_path: Path) -> None:
+    from torch_spdl.migration import migrate_paths
+
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    path = folder / "train.py"
+    path.write_text(_LOADER)
+    folder.chmod(0o555)
+    try:
+        (result,) = migrate_paths([path], write=True)
+    finally:
+        folder.chmod(0o755)
+    assert result.status == "error" and not result.written
+    assert result.error == (
+        f"not written: permission denied on its directory {folder.resolve()}, where the new "
+        "text is written first to replace the file atomically"
+    )
+    assert path.read_text() == _LOADER
+    assert sorted(p.name for p in folder.iterdir()) == ["train.py"]
+
+
+# The command line under a file-size limit (RLIMIT_FSIZE) smaller than the migrated text: a
+# real failure halfway through writing (Python ignores SIGXFSZ, so the write fails with
+# EFBIG). With a signal given, the host process is also sent that signal from its SIGXFSZ
+# handler, at that very moment: a kill arriving while the file is being written.
+_LIMITED = """\
+import os, resource, runpy, signal, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+if sys.argv[1] != "none":
+    kill = getattr(signal, sys.argv[1])
+    signal.signal(signal.SIGXFSZ, lambda *_: os.kill(os.getpid(), kill))
+sys.argv = ["torch-spdl", "migrate", "--no-diff", "--write", *sys.argv[2:]]
+runpy.run_module("torch_spdl", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("kill", ["SIGTERM", "SIGHUP", "none"])
+def test_a_write_stopped_midway_leaves_the_file_whole_and_no_temporary_file(
+    tmp_path: Path, kill: str
+) -> None:
+    big, small = tmp_path / "a_big.py", tmp_path / "b_small.py"
+    text = _LOADER + "# padding\n" * 1000  # 10 kB: over the limit
+    big.write_text(text)
+    small.write_text(_LOADER)
+    done = subprocess.run(
+        [sys.executable, "-c", _LIMITED, kill, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
+    assert big.read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_big.py", "b_small.py"]
+    if kill != "none":  # ended by the signal, once the temporary file was removed
+        assert done.returncode == -getattr(signal, kill), done.stderr
+        assert small.read_text() == _LOADER  # the run stopped there
+    else:  # that file failed; the others are still done
+        assert done.returncode == 1, done.stderr
+        assert f"{big}: error: cannot write: File too large (left untouched)" in done.stderr
+        assert small.read_text() == _MIGRATED

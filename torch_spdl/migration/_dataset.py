@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ._facts import class_context
+from ._facts import class_context, module_context
 from ._names import ImportMap, walk
 from ._report import Decision
 from ._split import Refusal, SplitPlan, plan_split
@@ -125,6 +125,7 @@ def plan_datasets(
     plans: dict[cst.ClassDef, DatasetPlan] = {}
     classes = [n for n in walk(module, into_scopes=True) if isinstance(n, cst.ClassDef)]
     children = _subclasses(classes)
+    module_ctx = module_context(module, imports)  # once: shared by every class
     for cls in classes:
         name = cls.name.value
         line = line_of(cls)
@@ -177,7 +178,7 @@ def plan_datasets(
                 line_of(fn),
             )
         else:
-            result = plan_split(fn, class_context(module, cls, imports), line_of)
+            result = plan_split(fn, class_context(cls, module_ctx), line_of)
         if isinstance(result, Refusal):
             decisions.append(
                 Decision(

@@ -3,19 +3,33 @@
 Nothing is written unless asked (``write=True``). A file that is not Python source, does
 not parse, whose migrated text would not compile, or on which the tool itself fails (an
 unexpected exception) is reported and left untouched; the other files are still done.
+
+Writing replaces a file with a new one (a temporary file renamed over it), which the
+kernel allows whenever the directory is writable: a read-only file would be replaced, and
+the new file would belong to whoever ran the tool. So the tool checks first, and refuses
+(an error for that file, the others still done) a file the user may not write, one
+without its owner's write bit, and one whose owner or group the new file could not be
+given; it keeps the mode bits. A refusal, a failure or a signal (Ctrl-C, SIGTERM, SIGHUP)
+while writing leaves no temporary file.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import grp
 import io
 import logging
 import os
+import pwd
+import signal
+import stat
 import tempfile
+import threading
 import tokenize
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import libcst as cst
 
@@ -75,19 +89,122 @@ def _decode(data: bytes) -> tuple[str, str]:
         raise ValueError(f"not a Python source file: cannot decode it as text ({exc})") from None
 
 
-def _write(path: Path, text: str, encoding: str) -> None:
-    """Replace the file atomically, keeping its encoding and permissions. A symbolic link
-    is followed: its target is replaced and the link kept."""
-    target = path.resolve(strict=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+class _Refused(Exception):
+    """The file is not written: the user may not, or its owner would change."""
+
+
+def _refusal(target: Path, st: os.stat_result) -> str | None:
+    """Why the user should not replace ``target``, if they should not.
+
+    A file without its owner's write bit is read-only on purpose (``chmod a-w``), and is
+    refused even where the user could override that (root, for whom ``os.access`` says
+    yes to everything): the write goes through a new file and a rename, which no mode bit
+    of the file stops. Then the file itself must be writable by the user, as for an
+    in-place write, and its directory too, for the new file and the rename; all checked
+    before anything is created.
+    """
+    if not st.st_mode & stat.S_IWUSR:
+        return (
+            f"read-only (mode {stat.filemode(st.st_mode)}): its owner has no write "
+            "permission; make it writable (chmod u+w) to migrate it"
+        )
+    effective = os.access in os.supports_effective_ids
+    if not os.access(target, os.W_OK, effective_ids=effective):
+        return "permission denied: you may not write it"
+    if not os.access(target.parent, os.W_OK | os.X_OK, effective_ids=effective):
+        return (
+            f"permission denied on its directory {target.parent}, where the new text is "
+            "written first to replace the file atomically"
+        )
+    return None
+
+
+def _who(st: os.stat_result) -> str:
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(text.encode(encoding))
-        os.chmod(tmp, target.stat().st_mode & 0o7777)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        user = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"user {user}, group {group}"
+
+
+def _keep_owner(fd: int, st: os.stat_result) -> None:
+    """Give the new file (``fd``) the old one's owner and group, or refuse: replacing a
+    file must not hand it to whoever ran the tool."""
+    new = os.fstat(fd)
+    if (new.st_uid, new.st_gid) == (st.st_uid, st.st_gid):
+        return
+    try:
+        os.fchown(fd, st.st_uid, st.st_gid)
+    except PermissionError:
+        raise _Refused(
+            f"owned by {_who(st)}: its replacement would belong to {_who(new)}; run as "
+            "its owner to migrate it"
+        ) from None
+
+
+# Signals that end a Python process by default and may come while a file is replaced:
+# Ctrl-C (KeyboardInterrupt), kill (SIGTERM), a closed terminal.
+_HELD = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold the signals of ``_HELD`` while a file is replaced; deliver them afterwards.
+
+    Between the temporary file's creation and the rename (or its removal on failure) a
+    signal's default action would end the process and leave the temporary file behind;
+    held, it ends the process once the file is replaced or the temporary file removed,
+    as it would have. Only the main thread can set handlers; elsewhere nothing is held.
+    A handler set outside Python (``getsignal`` gives ``None``) is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous: dict[int, Any] = {}
+    for sig in _HELD:
+        if signal.getsignal(sig) is not None:
+            previous[sig] = signal.signal(sig, lambda signum, _frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in dict.fromkeys(caught):
+            signal.raise_signal(sig)  # the previous handler's action, now
+
+
+def _write(path: Path, text: str, encoding: str) -> None:
+    """Replace the file atomically, keeping its encoding, mode, owner and group, or refuse
+    (:class:`_Refused`) where the user may not write it or its owner would change. A
+    symbolic link is followed: its target is replaced and the link kept. The temporary
+    file (``.NAME.*.tmp`` beside it) is removed on any failure, and signals that would
+    end the process wait until it is gone or renamed (:func:`_signals_held`)."""
+    target = path.resolve(strict=True)
+    st = target.stat()
+    reason = _refusal(target, st)
+    if reason is not None:
+        raise _Refused(reason)
+    data = text.encode(encoding)
+    with _signals_held():
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                _keep_owner(fd, st)
+                os.fchmod(fd, st.st_mode & 0o7777)  # after chown, which clears set-id bits
+                f.write(data)
+                f.flush()
+                os.fsync(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
 
 def _internal_error(shown: str, exc: Exception) -> FileResult:
@@ -118,6 +235,10 @@ def migrate_file(path: Path, write: bool = False, display: str | None = None) ->
     if write and result.status == "changed" and result.migrated is not None:
         try:
             _write(path, result.migrated, encoding)
+        except _Refused as exc:
+            result.status = "error"
+            result.error = f"not written: {exc}"
+            return result
         except OSError as exc:
             result.status = "error"
             result.error = f"cannot write: {exc.strerror or exc}"

@@ -28,7 +28,15 @@ from ._tables import (
     TRIVIAL_CALLS,
 )
 
-__all__ = ["ClassContext", "Facts", "FunctionContext", "statement_facts", "class_context"]
+__all__ = [
+    "ClassContext",
+    "Facts",
+    "FunctionContext",
+    "ModuleContext",
+    "class_context",
+    "module_context",
+    "statement_facts",
+]
 
 _IN_MEMORY = frozenset({"io.BytesIO", "io.StringIO"})
 _LOOPS = (cst.For, cst.While, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)
@@ -40,7 +48,7 @@ class ClassContext:
 
     imports: ImportMap
     io_methods: set[str] = field(default_factory=set)  # methods of the class that read
-    io_functions: set[str] = field(default_factory=set)  # module functions that read
+    io_functions: frozenset[str] = frozenset()  # module functions that read (shared)
     handle_attrs: set[str] = field(default_factory=set)  # self.X: file/HTTP/store handles
     rng_attrs: set[str] = field(default_factory=set)  # self.X: generator objects
     random_attrs: set[str] = field(default_factory=set)  # self.X: random transforms
@@ -147,10 +155,66 @@ def _is_random_transform(value: cst.CSTNode, imports: ImportMap) -> bool:
     return False
 
 
-# -- class context ---------------------------------------------------------------------------
-def class_context(module: cst.Module, cls: cst.ClassDef, imports: ImportMap) -> ClassContext:
-    """Scan the class's methods (and the module's functions) for handles, RNGs and I/O."""
-    ctx = ClassContext(imports)
+# -- module and class context ----------------------------------------------------------------
+@dataclass(frozen=True)
+class ModuleContext:
+    """What a module tells about its own functions: found once, shared by all its classes."""
+
+    imports: ImportMap
+    io_functions: frozenset[str] = frozenset()  # module functions that read
+
+
+def module_context(module: cst.Module, imports: ImportMap) -> ModuleContext:
+    """Which of the module's top-level functions read, directly or through one another.
+
+    Found once per module and shared by every class: analysing the module's functions
+    again for each class made the tool's time grow with the square of the module (one
+    2,000-line module of 200 Dataset classes took over a minute). A module function's
+    facts do not depend on the class that calls it: a parameter it names ``self`` is not
+    the class's instance as far as the tool can see, so its ``self.X`` is nobody's handle.
+    Each function is read once; a function that calls a reading one reads too, at any
+    depth and whatever the order of definition (reachability through the calls between
+    them, linear in the calls).
+    """
+    functions = [s for s in module.body if isinstance(s, cst.FunctionDef)]
+    names = {fn.name.value for fn in functions}
+    alone = ClassContext(imports)  # outside any class: no handle, generator or method on self
+    reads: set[str] = set()
+    callers: dict[str, set[str]] = {}
+    for fn in functions:
+        body = _body(fn)
+        fctx = function_context(fn, alone)
+        if any(statement_facts(s, fctx).io for s in body):
+            reads.add(fn.name.value)
+        for callee in _module_calls(body, imports, names):
+            callers.setdefault(callee, set()).add(fn.name.value)
+    todo = list(reads)
+    while todo:
+        for caller in callers.get(todo.pop(), ()):
+            if caller not in reads:
+                reads.add(caller)
+                todo.append(caller)
+    return ModuleContext(imports, frozenset(reads))
+
+
+def _module_calls(
+    body: list[cst.BaseStatement], imports: ImportMap, names: set[str]
+) -> Iterable[str]:
+    """The module functions that ``body`` calls, where a call of a reading one would count
+    as I/O (:func:`classify_call`: a known reading function's name takes precedence)."""
+    for stmt in body:
+        for node in walk(stmt):
+            if isinstance(node, cst.Call):
+                name = imports.resolve(node.func)
+                if name in names and name not in IO_FUNCTIONS:
+                    yield name
+
+
+def class_context(cls: cst.ClassDef, module: ModuleContext) -> ClassContext:
+    """Scan the class's methods for handles, RNGs and I/O (the module's functions are
+    known already: :func:`module_context`)."""
+    imports = module.imports
+    ctx = ClassContext(imports, io_functions=module.io_functions)
     changed = True
     while changed:  # handles derive from handles: iterate to a fixed point
         changed = False
@@ -172,21 +236,18 @@ def class_context(module: cst.Module, cls: cst.ClassDef, imports: ImportMap) -> 
             ctx.rng_attrs.add(attr)
         if _is_random_transform(value, imports):
             ctx.random_attrs.add(attr)
-    # functions and methods that read, to a fixed point (a helper calling a helper)
-    functions = [s for s in module.body if isinstance(s, cst.FunctionDef)]
+    # methods that read, to a fixed point (a method calling a method)
     methods = [s for s in cls.body.body if isinstance(s, cst.FunctionDef)]
     changed = True
     while changed:
         changed = False
-        for fn, bucket in [(f, ctx.io_functions) for f in functions] + [
-            (m, ctx.io_methods) for m in methods
-        ]:
+        for fn in methods:
             name = fn.name.value
-            if name in bucket or name == "__getitem__":
+            if name in ctx.io_methods or name == "__getitem__":
                 continue
             fctx = function_context(fn, ctx)
             if any(statement_facts(s, fctx).io for s in _body(fn)):
-                bucket.add(name)
+                ctx.io_methods.add(name)
                 changed = True
     return ctx
 
