@@ -227,3 +227,74 @@ def test_timeout_is_honoured() -> None:
     finally:
         release.set()
     assert error is not None and "timed out" in str(error)
+
+
+class LockAt(Dataset):
+    """Int samples, and a ``threading.Lock`` (which cannot pickle) at index ``bad``."""
+
+    def __init__(self, n: int, bad: int) -> None:
+        self.n, self.bad = n, bad
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> object:
+        return threading.Lock() if i == self.bad else i
+
+
+def _as_list(samples: list[object]) -> list[object]:
+    return samples
+
+
+def test_unpicklable_batch_names_cause_and_samples_and_the_epoch_goes_on() -> None:
+    """A batch a worker process cannot send back is an error naming why and which samples,
+    raised in the loop; the worker lives and the next batches come."""
+    loader = DataLoader(LockAt(8, 5), batch_size=2, num_workers=2, collate_fn=_as_list)
+    it = iter(loader)
+    assert [next(it), next(it)] == [[0, 1], [2, 3]]
+    with pytest.raises(TypeError, match="pickle") as exc:
+        next(it)
+    notes = " ".join(exc.value.__notes__)
+    assert "[4, 5]" in notes and "batch 2" in notes, notes
+    assert list(it) == [[6, 7]]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"in_order": False}, {"worker_type": "thread"}],
+    ids=["default", "out-of-order", "thread"],
+)
+def test_early_breaks_free_their_epoch_without_the_cycle_collector(options: dict) -> None:
+    """Persistent workers, a break after 3 batches, many times, with the cycle collector
+    off: every epoch starts (none waits for batches of an abandoned one that only a
+    ``gc.collect()`` would free), and no frame of the loader's threads outlives its epoch
+    (an exception shared by the stage threads once kept them all, batches included)."""
+    import gc
+
+    loader = DataLoader(
+        MapData(3200, "int"),
+        batch_size=32,
+        num_workers=2,
+        persistent_workers=True,
+        timeout=120,  # a stall fails the test instead of hanging it
+        **options,
+    )
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(30):
+            got = 0
+            for got, _batch in enumerate(loader, 1):
+                if got == 3:
+                    break
+            assert got == 3
+        del _batch
+        kept = [
+            f
+            for f in gc.get_objects()
+            if type(f).__name__ == "frame" and "torch_spdl" in f.f_code.co_filename
+        ]
+        assert kept == []
+    finally:
+        gc.enable()
+        loader.shutdown()

@@ -141,10 +141,32 @@ def _load(
         space = BatchSpace(arena)
         collate_fn = PlacingCollate(space.empty)
     fetched = fetch_batch(dataset, values, indices, steps, collate_fn, auto_collation)
-    return _pack(fetched, task_id, slot, arena, space)
+    return _pack(fetched, task_id, slot, arena, space, indices)
 
 
 def _pack(
+    fetched: Fetched,
+    task_id: int,
+    slot: int,
+    arena: Arena | None,
+    space: BatchSpace | None = None,
+    indices: Any = None,
+) -> tuple[Any, ...]:
+    """The reply for a batch: the batch, or, when what it holds does not pickle (a lock, a
+    generator, an open file), the error naming its samples, so that the loop sees the cause
+    and the worker goes on."""
+    try:
+        return _dump(fetched, task_id, slot, arena, space)
+    except Exception as exc:
+        what = "a batch" if indices is None else f"the batch of samples {indices!r}"
+        exc.add_note(
+            f"torch_spdl.DataLoader: {what} could not be sent back from its worker process: "
+            "what collate_fn returns must pickle"
+        )
+        return _dump(Fetched(samples=[], errors=[(-1, indices, exc)]), task_id, slot, arena)
+
+
+def _dump(
     fetched: Fetched,
     task_id: int,
     slot: int,

@@ -159,7 +159,7 @@ class Channel(Generic[T]):
     def _try_put(self, item: T) -> bool:
         """Put without waiting; False when the channel is full."""
         if self._abort is not None:
-            raise self._abort
+            raise ChannelAborted(self._abort.reason)  # fresh: see abort()
         if self._closed:
             raise RuntimeError(f"put() on closed channel {self.name!r}")
         if self.capacity and len(self._items) >= self.capacity:
@@ -239,6 +239,10 @@ class Channel(Generic[T]):
         with self._mutex:
             if self._abort is not None:
                 return
+            # Kept to be copied, never raised itself: one instance raised in every stage
+            # thread would gather each thread's traceback, and with it the frames and the
+            # items they hold, alive until the cycle collector runs (a persistent loader
+            # then waited for batches that only a gc.collect() freed).
             self._abort = ChannelAborted(reason)
             if keep_items:
                 self.kept = self._items
@@ -265,7 +269,7 @@ class Channel(Generic[T]):
                 self._wake_putters(self.capacity - len(items))
             return item
         if self._abort is not None:
-            raise self._abort
+            raise ChannelAborted(self._abort.reason)  # fresh: see abort()
         if self._closed:
             return EOF
         return self._mutex
