@@ -27,7 +27,7 @@ __all__ = [
     "settle",
     "Tagged",
     "Tokens",
-    "slots",
+    "Slots",
     "stage_op",
     "load_inline",
 ]
@@ -255,14 +255,22 @@ class RebatchCollate:
             yield self.collate(item)
 
 
-def load_inline(
-    samples: Iterator[Slot], getitem: Callable[[Slot], Slot], fused: RebatchCollate
-) -> Iterator[Any]:
+class load_inline:  # noqa: N801 (used as a function: it names what the source does)
     """``num_workers=0``: sample, load, batch and collate on the source's thread (like
     torch's single-process loading, but in the background), so each batch crosses one
-    thread boundary, not each sample."""
-    for slot in samples:
-        yield from fused(getitem(slot))
+    thread boundary, not each sample. Stopped as its slots are."""
+
+    def __init__(self, samples: Slots, getitem: Callable[[Slot], Slot], fused: RebatchCollate):
+        self._samples = samples
+        self._getitem = getitem
+        self._fused = fused
+
+    def __iter__(self) -> Iterator[Any]:
+        for slot in self._samples:
+            yield from self._fused(self._getitem(slot))
+
+    def stop_source(self) -> None:
+        self._samples.stop_source()
 
 
 class Tagged:
@@ -279,14 +287,27 @@ class Tagged:
         return (b, batch) if self.tagged else batch
 
 
-def slots(batches: Iterator[tuple[int, list[Any]]], tokens: Tokens) -> Iterator[Slot]:
+class Slots:
     """Per-sample slots of ``(batch number, indices)`` pairs (without auto-collation, each
-    "batch" is one index, alone in its list)."""
-    for b, indices in batches:
-        if not tokens.take():
-            return
-        size = len(indices)
-        if size == 0:
-            yield Slot(b, 0, 0, None)  # an empty batch still goes to collate_fn, as in torch
-        for pos, index in enumerate(indices):
-            yield Slot(b, size, pos, index)
+    "batch" is one index, alone in its list): the source of a per-sample pipeline.
+
+    It waits for a token before each batch; the pipeline ends that wait as it stops
+    (:class:`~torch_spdl.pipeline.StoppableSource`), so that no source thread outlives the
+    epoch (a loader dropped at interpreter exit, say)."""
+
+    def __init__(self, batches: Iterator[tuple[int, list[Any]]], tokens: Tokens) -> None:
+        self._batches = batches
+        self._tokens = tokens
+
+    def __iter__(self) -> Iterator[Slot]:
+        for b, indices in self._batches:
+            if not self._tokens.take():
+                return
+            size = len(indices)
+            if size == 0:
+                yield Slot(b, 0, 0, None)  # an empty batch still goes to collate_fn, as in torch
+            for pos, index in enumerate(indices):
+                yield Slot(b, size, pos, index)
+
+    def stop_source(self) -> None:
+        self._tokens.close()

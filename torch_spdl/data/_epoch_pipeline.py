@@ -27,11 +27,10 @@ from ._batching import (
     FailureBudget,
     Rebatch,
     RebatchCollate,
-    Slot,
+    Slots,
     Tagged,
     Tokens,
     load_inline,
-    slots,
 )
 from ._collate import is_default_collate
 from ._epoch_plan import EpochPlan, LoaderResources, Loading
@@ -196,9 +195,9 @@ class EpochParts:
         )
         return itertools.islice(self._iterable.batches(), done, None)
 
-    def _slots(self, specs: list[StageSpec], batches: Batches) -> Iterator[Slot]:
+    def _slots(self, specs: list[StageSpec], batches: Batches) -> Slots:
         self._tokens = Tokens(self._token_count(specs))
-        return slots(batches, self._tokens)
+        return Slots(batches, self._tokens)
 
     def _token_count(self, specs: list[StageSpec]) -> int:
         """Batches in flight before rebatch: enough to keep every worker of every stage busy."""

@@ -15,6 +15,8 @@ that account for all the workers of a loader together:
   waiting would never end: the batch goes without an arena instead (pickled through the
   pipe, as with a start method other than fork), and the loop's hoard costs copies, not a
   hang.
+- When an epoch ends early, every arena still busy counts as held: its batch may live on
+  in what the epoch left behind, and the next epoch must not wait for it.
 - An arena is free again when the batch viewing it is garbage (``release``, from a
   finalizer), or at once when its batch is discarded.
 - The pages of an arena stay in memory after its batch is freed, ready for the next batch
@@ -111,6 +113,12 @@ class Leases:
         with self._cond:
             self._round += 1
             self._arena_of.clear()
+            # A batch of the ended epoch that is still alive is somewhere the next epoch
+            # cannot reach (a pipeline being torn down, a cycle that only the cycle
+            # collector frees): it counts as held by the loop, so that the next epoch sends
+            # without an arena rather than waiting for it (a persistent loader with early
+            # breaks once waited forever here for batches only a gc.collect() freed).
+            self._held.update(self._batch_of)
             self._cond.notify_all()
 
     def close(self) -> None:

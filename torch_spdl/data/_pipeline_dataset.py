@@ -44,7 +44,7 @@ class _Shard:
     """Every ``step``-th item of ``source`` from position ``start`` (a sync source).
 
     A class rather than a bare ``islice`` so that a ``Pipeline`` used as the source is still
-    stopped with the pipeline that reads it (the engine's ``_stop_as_source`` hook), and so
+    stopped with the pipeline that reads it (the engine's ``stop_source`` hook), and so
     that a source error names the shard.
     """
 
@@ -56,8 +56,8 @@ class _Shard:
     def __iter__(self) -> Iterator[Any]:
         return itertools.islice(self.source, self.start, None, self.step)
 
-    def _stop_as_source(self) -> None:
-        stop = getattr(self.source, "_stop_as_source", None)
+    def stop_source(self) -> None:
+        stop = getattr(self.source, "stop_source", None)
         if stop is not None:
             stop()
 

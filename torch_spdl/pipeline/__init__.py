@@ -33,6 +33,7 @@ from ._priority import (
     PriorityThreadPoolExecutor,
 )
 from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, profile_pipeline
+from ._protocols import StoppableSource
 from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._stats import StageStats
 from ._subprocess import SubprocessError, iterate_in_subprocess
@@ -74,6 +75,7 @@ __all__ = [
     "StageSample",
     "StageStats",
     "StatsQueue",
+    "StoppableSource",
     "SubprocessError",
     "TaskHook",
     "TaskPerfStats",

@@ -77,11 +77,11 @@ class MergedSource:
     def __getstate__(self) -> dict[str, Any]:
         return {"configs": self.configs, "op": self.op, "make_pipeline": None, "_running": []}
 
-    def _stop_as_source(self) -> None:
+    def stop_source(self) -> None:
         """Called as the outer pipeline stops: stop the inner ones (wakes their readers)."""
         for pipelines in list(self._running):
             for pipeline in pipelines:
-                pipeline._stop_as_source()
+                pipeline.stop_source()
 
     def __aiter__(self) -> AsyncIterator[Any]:
         return self._run()
@@ -130,7 +130,7 @@ class MergedSource:
             for task in tasks:
                 task.cancel()
             for pipeline in inner:
-                pipeline._stop_as_source()
+                pipeline.stop_source()
             await asyncio.gather(merger, *tasks, return_exceptions=True)
             readers.shutdown(wait=True)
             self._running.remove(inner)
@@ -194,7 +194,7 @@ class PathVariantsStage(Node):
         for route in self.routes:
             route.abort(None)
         for path in self.paths:
-            path._stop_as_source()
+            path.stop_source()
 
     def _route(self) -> None:
         counters = self.new_counters()
@@ -240,9 +240,9 @@ class PathVariantsStage(Node):
                 put(item)
             path.stop()  # raises the path's failure
         except ChannelAborted:
-            path._stop_as_source()
+            path.stop_source()
         except Exception as exc:
-            path._stop_as_source()
+            path.stop_source()
             exc.add_note(f"torch_spdl: raised in a path of {self.name!r}")
             self.fail(exc)
             for route in self.routes:  # the router may wait on this path's channel

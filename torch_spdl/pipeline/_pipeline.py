@@ -6,9 +6,10 @@ import contextlib
 import os
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from ._channel import EOF, Channel, ChannelAborted
+from ._errors import PipelineFailure
 from ._runtime import STOPPED, Runtime
 from ._stats import StageStats, format_stats
 from ._trace import PipelineTrace
@@ -84,15 +85,17 @@ class Pipeline(Generic[T]):
         explicitly, raises the :class:`PipelineFailure` if it failed, on every call.
 
         Args:
-            timeout: the most seconds to wait for the threads to join (default 30).
+            timeout: the most seconds to wait for the threads to join (default 0.5; a
+                thread still inside an op is left to finish as a daemon, named in a
+                warning).
         """
         self._runtime.shutdown(timeout, keep_sink=self._explicit)
         # Stopped: nothing is left for the finalizer to do, and kept, it would keep the
         # runtime, its failure, the failure's traceback and every frame and batch that
         # holds alive (the finalizer registry is never collected).
         self._finalizer.detach()
-        if self._explicit and (failure := self._runtime.failure) is not None:
-            raise failure
+        if self._explicit and self._runtime.failure is not None:
+            _raise(self._runtime.failure)
 
     @contextlib.contextmanager
     def auto_stop(self, *, timeout: float | None = None) -> Iterator[Pipeline[T]]:
@@ -178,10 +181,8 @@ class Pipeline(Generic[T]):
 
     def _end_failed(self, started_here: bool) -> None:
         """The stream of a failed pipeline ended: raise now, or leave it to ``stop()``."""
-        failure = self._runtime.failure
         if started_here or not self._explicit:
-            assert failure is not None
-            raise failure
+            _raise(self._runtime.failure)
 
     def get_item(self, *, timeout: float | None = None) -> T:
         """Return the next result; ``EOFError`` at the end, ``TimeoutError`` after ``timeout``.
@@ -253,6 +254,18 @@ class Pipeline(Generic[T]):
         """
         self.trace().plot(path, bin_seconds=bin_seconds)
 
-    def _stop_as_source(self) -> None:
-        """Used when this pipeline feeds another one that is stopping."""
+    def stop_source(self) -> None:
+        """Stop, without raising: what a pipeline that this one feeds calls as it stops
+        (:class:`StoppableSource`)."""
         self._runtime.shutdown()
+
+
+def _raise(failure: PipelineFailure | None) -> NoReturn:
+    """Raise ``failure`` from a frame that forgets it: a frame that holds the exception it
+    raises makes a cycle through the traceback (and the caller's ``self``, the pipeline),
+    freed only by the cycle collector."""
+    assert failure is not None
+    try:
+        raise failure
+    finally:
+        del failure

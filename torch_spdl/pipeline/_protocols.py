@@ -12,14 +12,16 @@ here, as a :class:`~typing.Protocol`, and both sides import it from here:
 - :class:`TunableStage`: what an autotuned stage exposes to the autotuner, with the
   readings (:class:`StageReading`, :class:`QueueReading`) it reports;
 - :class:`InnerPipeline`: what a stage that runs pipelines of its own (``Merge``,
-  ``path_variants``) does with them.
+  ``path_variants``) does with them;
+- :class:`StoppableSource`: a source that may block in a wait of its own (another
+  pipeline, a bound on batches in flight), which the pipeline releases as it stops.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine, Hashable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # data types only: neither module imports anything of the engine
     from ._channel import Channel
@@ -31,6 +33,7 @@ __all__ = [
     "Stage",
     "StageReading",
     "StageTracer",
+    "StoppableSource",
     "Supervisor",
     "TracedStage",
     "TunableStage",
@@ -205,5 +208,15 @@ class InnerPipeline(Protocol):
     def stop(self) -> None:
         """Stop and join it; raise its failure, if any."""
 
-    def _stop_as_source(self) -> None:
+    def stop_source(self) -> None:
         """Stop it because what it feeds is stopping (no failure raised)."""
+
+
+@runtime_checkable
+class StoppableSource(Protocol):
+    """A source whose iteration may wait on something of its own (another pipeline's
+    output, a bound on what is in flight). The pipeline calls :meth:`stop_source` from
+    ``stop()``, from any thread, so that the source thread's wait returns and the thread
+    ends: every wait has an owner that can end it."""
+
+    def stop_source(self) -> None: ...

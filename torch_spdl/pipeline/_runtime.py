@@ -15,6 +15,7 @@ import asyncio
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -37,6 +38,14 @@ class _Stopped(Exception):
     """The reason given to channels when the pipeline is stopped on purpose."""
 
 
+# How long stop() waits for the threads. Stopping aborts every channel, so a thread that
+# waits on one ends at once; one that does not is inside an op (a read that hangs, a long
+# decode), which nothing can interrupt. It is left to finish as a daemon, named in a
+# warning, rather than delaying the caller: a timeout, a break or an error must reach the
+# training loop promptly (the DataLoader waits 0.1 s).
+_JOIN_S = 0.5
+
+
 STOPPED = _Stopped("the pipeline was stopped")
 
 
@@ -49,7 +58,7 @@ class Runtime:
         channels: Sequence[Channel[Any]],
         *,
         report_stats_interval: float = -1,
-        join_timeout: float = 30.0,
+        join_timeout: float = _JOIN_S,
         autotune: AutotuneConfig | None = None,
         trace: bool = False,
         background_tasks: Sequence[BackgroundTaskFactory] = (),
@@ -67,7 +76,6 @@ class Runtime:
         self._starting = threading.RLock()
         self._state = "new"
         self._errors: list[tuple[str, Exception, int]] = []  # (stage, error, failures)
-        self._failure: PipelineFailure | None = None
         self._join_timeout = join_timeout
         self._reporter = (
             StatsReporter(report_stats_interval, self.stats) if report_stats_interval > 0 else None
@@ -214,7 +222,6 @@ class Runtime:
             name = node.name if node is not None else "engine"
             error.add_note(f"torch_spdl: stage {name!r} failed the pipeline")
             self._errors.append((name, error, num_failures))
-            self._failure = None  # rebuilt with this error on the next read
             if self._state == "stopped":
                 return
         if node is None:
@@ -227,14 +234,16 @@ class Runtime:
 
     @property
     def failure(self) -> PipelineFailure | None:
-        """Every error recorded so far as one ``PipelineFailure``; None while all is well."""
+        """Every error recorded so far as one ``PipelineFailure``; None while all is well.
+
+        A new one at each read: each is raised once, so that no traceback (which holds the
+        raising frame, a pipeline's ``stop()`` among them) is kept by the runtime, which
+        that frame holds in turn."""
         with self._lock:
-            if self._failure is None and self._errors:
-                stages, errors, counts = zip(*self._errors, strict=True)
-                self._failure = PipelineFailure(
-                    exceptions=list(errors), stages=list(stages), num_failures=counts[0]
-                )
-            return self._failure
+            if not self._errors:
+                return None
+            stages, errors, counts = zip(*self._errors, strict=True)
+        return PipelineFailure(exceptions=list(errors), stages=list(stages), num_failures=counts[0])
 
     def shutdown(self, timeout: float | None = None, *, keep_sink: bool = False) -> None:
         """Stop every worker and join every thread (idempotent, safe from any thread).
@@ -280,11 +289,18 @@ class Runtime:
             thread.join(max(deadline - time.monotonic(), 0.0))
             if thread.is_alive():
                 _LG.warning(
-                    "thread %r did not stop within %.0f s: an op is still running and cannot be "
+                    "thread %r did not stop within %.1f s: an op is still running and cannot be "
                     "interrupted; it will exit when that op returns",
                     thread.name,
                     join_timeout,
                 )
+        with self._lock:
+            errors = [error for _, error, _ in self._errors]
+        for error in errors:
+            # The stage threads have returned: the frames in the errors' tracebacks keep
+            # their lines (for the report) but drop their locals, which hold the stages,
+            # this runtime and the items they worked on.
+            traceback.clear_frames(error.__traceback__)
 
     def _cancel_main(self) -> None:
         if self._main_task is not None:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._channel import Channel, ChannelAborted
 from ._node import Node
+from ._protocols import StoppableSource
 
 if TYPE_CHECKING:
     from ._protocols import Supervisor
@@ -45,9 +46,8 @@ class SourceNode(Node):
 
     def on_stop(self) -> None:
         # A Pipeline used as a source blocks in its own get(); stopping it releases us.
-        stop = getattr(self.source, "_stop_as_source", None)
-        if stop is not None:
-            stop()
+        if isinstance(self.source, StoppableSource):
+            self.source.stop_source()
 
     def _source_failed(self, exc: Exception) -> None:
         """A failing source fails the pipeline like a stage: the items it made before go

@@ -281,9 +281,9 @@ class _InSubprocess(Iterable[T]):
         self._finalizer: Any = None
         self._epoch = 0
         self._busy = False
-        self._stopping = False  # _stop_as_source: a dead child ends the iteration quietly
+        self._stopping = False  # stop_source: a dead child ends the iteration quietly
 
-    def _stop_as_source(self) -> None:
+    def stop_source(self) -> None:
         """Called when a pipeline this feeds stops: end the child now, so that an
         iteration waiting for its next item returns at once (quietly)."""
         handle = self._handle
