@@ -3,7 +3,8 @@
 ``torch-spdl migrate PATH...`` shows, as a unified diff, how the files would move from
 torch's DataLoader to torch_spdl (``--write`` applies it), and reports every decision.
 Exit status: 0 when every file was migrated or needed nothing, 1 when any file failed
-(not Python, does not parse, cannot be read or written), 2 for a usage error.
+(not Python, does not parse, cannot be read, or refused by `--write`: read-only, not
+writable by this user, or owned by someone it cannot be given back to), 2 for a usage error.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ def _parser() -> argparse.ArgumentParser:
             "map-style Dataset classes into load (I/O) and process (CPU) stages where that "
             "is safe. Dry run by default: prints a unified diff on stdout and the report of "
             "every decision on stderr; nothing is written without --write. Exit status: 0 "
-            "ok, 1 if any file failed (not Python, does not parse, unreadable), 2 usage."
+            "ok, 1 if any file failed (not Python, does not parse, unreadable, refused by "
+            "--write), 2 usage."
         ),
     )
     migrate.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")

@@ -101,9 +101,7 @@ class LoadInThreads:
         measured = probe.measurement()
         if measured is not None and not probe.done:
             probe.done = True
-            self.choose(
-                decide(measured, self.group.num_workers if self.group else 1, self.batch_size)
-            )
+            self.choose(self.decide(measured))
         return b, fetched
 
     def decide(self, measured: Any) -> WorkerChoice:

@@ -160,6 +160,7 @@ class EpochParts:
         self._done = done
         self._skip = set(extra)  # a copy: delivering batches changes the live one
         self._auto.reset()
+        self._held = 0  # set again by the whole-batch path that the new pipeline takes, if any
 
     def caller_processes(self) -> ProcessWorkers:
         """The worker processes of an epoch whose batches the calling thread sends and

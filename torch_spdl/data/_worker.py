@@ -151,12 +151,18 @@ class WorkerGroup:
 
         if wid is None:
             with self._lock:
-                wid = next(self._ids)
+                n = next(self._ids)
+            # Ids stay below num_workers, as torch's do (the threads that replace others
+            # when "auto" switches, or the extra threads of waiting work, reuse them), and
+            # the seeds stay distinct: no two threads draw the same stream.
+            wid = n % self.num_workers if self.num_workers else n
+            seed = (self.base_seed + n) % 2**63
+        else:
+            seed = (self.base_seed + wid) % 2**63
         dataset = _copy(self.dataset) if self.copy_dataset else self.dataset
         _LOCAL.group = self
         _LOCAL.dataset = dataset
         _LOCAL.bound = {}
-        seed = (self.base_seed + wid) % 2**63
         _LOCAL.info = _make_info(wid, self.num_workers, seed, dataset)
         _LOCAL.torch_info = torch_worker.WorkerInfo(
             id=wid, num_workers=self.num_workers, seed=seed, dataset=dataset

@@ -1,0 +1,173 @@
+"""The failure paths tried hard (issue 29): what a failed pipeline leaves behind, a stuck op
+at a timeout or a break, a loader alive at interpreter exit, and ``worker_init_fn`` under
+``worker_type="auto"``.
+
+Nothing here is timed: reachability is checked with weak references and the cycle collector
+switched off, leftovers by counting descriptors and threads, and delays by whether a thread
+was waited for at all (an op that never returns until the test lets it go).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import weakref
+
+import pytest
+import torch
+from _sync import WAIT
+from torch.utils.data import Dataset
+
+from torch_spdl import DataLoader, get_worker_info
+from torch_spdl.pipeline import PipelineBuilder, PipelineFailure, defs
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _big_then_boom(x: int) -> bytearray:
+    if x == 3:
+        raise ValueError(f"bad item {x}")
+    return bytearray(10 << 20)
+
+
+@pytest.mark.parametrize("region", [False, True], ids=["threads", "process-region"])
+def test_failed_pipelines_are_freed_without_the_cycle_collector(region: bool) -> None:
+    """20 pipelines whose stage fails (10 MiB items): each is freed as soon as the caller
+    drops it (no cycle through its failure, its traceback, its frames), and the descriptors
+    it opened are closed (after a collection for a process region, whose process objects
+    are part of its stages' graph)."""
+    before = _fds()
+    refs = []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(20):
+            builder = PipelineBuilder().add_source(range(8))
+            if region:
+                builder = (
+                    builder.to(defs.ProcessPoolExecutorConfig(max_workers=1))
+                    .pipe(_big_then_boom)
+                    .to(defs.MAIN_PROCESS)
+                )
+            else:
+                builder = builder.pipe(_big_then_boom, concurrency=2)
+            pipeline = builder.add_sink(2).build(num_threads=2, max_failures=0)
+            refs.append(weakref.ref(pipeline))
+            with pytest.raises(PipelineFailure):
+                with pipeline.auto_stop():
+                    for _ in pipeline.get_iterator(timeout=WAIT):
+                        pass
+            del pipeline, builder
+        assert [r for r in refs if r() is not None] == []
+        if not region:
+            assert _fds() == before
+    finally:
+        gc.enable()
+    gc.collect()
+    assert _fds() == before
+
+
+def test_a_stuck_op_does_not_hold_up_a_timeout_or_a_break(caplog: pytest.LogCaptureFixture) -> None:
+    """An op that never returns (until the test lets it go): the iterator's timeout raises,
+    and stopping does not wait for the op; its thread is left, a daemon, named in a
+    warning, and ends when the op returns."""
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck(x: int) -> int:
+        if x == 2:
+            entered.set()
+            release.wait()
+        return x
+
+    caplog.set_level(logging.WARNING, logger="torch_spdl.pipeline")
+    pipeline = PipelineBuilder().add_source(range(100)).pipe(stuck).add_sink(2).build()
+    try:
+        with pytest.raises(TimeoutError):
+            with pipeline.auto_stop():
+                for _ in pipeline.get_iterator(timeout=0.5):
+                    pass
+        assert entered.is_set()
+        # stop() returned while the op still runs: nobody waited for it
+        left = [t for t in threading.enumerate() if "stuck" in t.name]
+        assert left and all(t.daemon for t in left), [t.name for t in threading.enumerate()]
+        assert any(t.name in r.getMessage() for t in left for r in caplog.records)
+    finally:
+        release.set()
+    for t in left:
+        t.join(WAIT)
+        assert not t.is_alive()
+
+
+def test_a_thread_loader_alive_at_exit_leaves_no_waiting_thread(tmp_path: os.PathLike) -> None:
+    """A thread-mode loader whose iterator is still alive when the interpreter exits: its
+    source thread, which waits for room for the next batch, is released as the pipeline
+    stops, and no thread is reported stuck."""
+    script = textwrap.dedent(
+        """
+        import threading, torch
+        from torch_spdl import DataLoader
+
+        class Slow(torch.utils.data.Dataset):
+            def __len__(self):
+                return 10_000
+            def __getitem__(self, i):
+                threading.Event().wait(0.005)  # a read that takes a while
+                return i
+
+        it = iter(DataLoader(Slow(), batch_size=4, num_workers=2, worker_type="thread"))
+        next(it)
+        print("exiting", flush=True)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT * 4
+    )
+    assert out.returncode == 0, out.stderr
+    assert "exiting" in out.stdout
+    assert "did not stop" not in out.stderr, out.stderr
+
+
+class _Waits(Dataset):
+    """I/O-shaped samples (the GIL released while waiting), recording the worker id each
+    sample sees."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        threading.Event().wait(0.002)
+        info = get_worker_info()
+        assert info is not None and 0 <= info.id < info.num_workers
+        return i
+
+
+def test_auto_with_worker_init_fn_runs_num_workers_threads() -> None:
+    """``worker_init_fn`` sets up one worker each: with ``"auto"`` on waiting work it is
+    called with ids below ``num_workers`` only, and the worker ids seen by
+    ``get_worker_info()`` stay below ``num_workers`` too."""
+    called: list[int] = []
+    lock = threading.Lock()
+
+    def init(wid: int) -> None:
+        with lock:
+            called.append(wid)
+
+    loader = DataLoader(
+        _Waits(256), batch_size=8, num_workers=2, worker_type="auto", worker_init_fn=init
+    )
+    for _ in range(2):
+        assert torch.cat(list(loader)).tolist() == list(range(256))
+    assert set(called) <= {0, 1}, called
