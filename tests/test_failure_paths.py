@@ -171,3 +171,51 @@ def test_auto_with_worker_init_fn_runs_num_workers_threads() -> None:
     for _ in range(2):
         assert torch.cat(list(loader)).tolist() == list(range(256))
     assert set(called) <= {0, 1}, called
+
+
+class _ExitsAt(Dataset):
+    """Sample ``at`` ends its worker process (``os._exit``), as a crash in C would."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.at:
+            os._exit(3)
+        return torch.full((1024,), i)
+
+
+def _arena_maps() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum("torch_spdl-batch" in line for line in maps)
+
+
+@pytest.mark.parametrize("options", [{}, {"in_order": False}], ids=["default", "out-of-order"])
+def test_failed_loaders_leave_no_descriptor_or_mapping(options: dict) -> None:
+    """Six loaders whose worker dies, read with explicit ``next()`` and dropped after the
+    ``WorkerFailure`` (its traceback kept by the test): no loader stays reachable, and the
+    descriptors and arena mappings are back where they started, without the cycle
+    collector."""
+    from torch_spdl.data import WorkerFailure
+
+    fds, maps = _fds(), _arena_maps()
+    refs, errors = [], []
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(6):
+            loader = DataLoader(_ExitsAt(20), batch_size=4, num_workers=2, **options)
+            refs.append(weakref.ref(loader))
+            it = iter(loader)
+            with pytest.raises(WorkerFailure) as caught:
+                while True:
+                    next(it)
+            errors.append(caught.value)
+            del it, loader, caught
+        assert [r for r in refs if r() is not None] == []
+        assert (_fds(), _arena_maps()) == (fds, maps)
+    finally:
+        gc.enable()
