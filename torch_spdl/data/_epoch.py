@@ -24,6 +24,7 @@ from ._batching import BatchError, FailureBudget
 from ._caller import CallerLoading, Feed, WorkerFeed, inline_iterable, inline_map
 from ._epoch_pipeline import EpochParts
 from ._epoch_plan import EpochPlan, LoaderResources
+from ._iterable_processes import caller_feed
 from ._libc import trim
 from ._worker_choice import SwitchGate, WorkerChoice, decide
 
@@ -101,6 +102,11 @@ class EpochIterator:
             feed = WorkerFeed(workers, self._batches(0), in_flight, plan.timeout)
             self._caller = self._caller_loading(feed)
             self._pipeline = _idle_pipeline()
+        elif not self._map_style and self._workers_fed_by_caller():
+            workers = self._parts.caller_processes()
+            stream = caller_feed(workers, plan.prefetch_factor, self._watermark, plan.timeout)
+            self._caller = self._caller_loading(stream)
+            self._pipeline = _idle_pipeline()
         elif self._map_style:
             builder = self._parts.build_map(
                 plan.loading, self._batches(0), self._watermark, self._extra
@@ -121,13 +127,12 @@ class EpochIterator:
         torch's does (``_caller.py``): plain worker processes, batches in order, nothing to
         pin or move (torch pins on a thread of its own; so does the pipeline)."""
         plan = self._plan
-        loading = plan.loading
-        return (
-            isinstance(loading, WorkerChoice)
-            and loading.kind == "process"
-            and plan.in_order
-            and not BatchMover(plan.device, plan.pin_memory).active
-        )
+        if self._map_style:
+            loading = plan.loading
+            processes = isinstance(loading, WorkerChoice) and loading.kind == "process"
+        else:  # an IterableDataset: its worker_type says how
+            processes = plan.worker_type == "process" and plan.num_workers > 0
+        return processes and plan.in_order and not BatchMover(plan.device, plan.pin_memory).active
 
     def _inline_feed(self) -> Feed:
         plan = self._plan

@@ -11,13 +11,18 @@ or as they come (``in_order=False``).
 An error raised by a worker's iterator takes that batch's place in the order, as under
 torch, and the worker goes on with its iterator. A worker that dies ends the epoch with an
 error naming it.
+
+In torch's order the calling thread can do all of it inside ``next()`` (:func:`caller_feed`),
+as torch's loader does and as the map-style default does (``_caller.py``): no pipeline, no
+receiver thread waking while the training step runs.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
@@ -25,13 +30,19 @@ from ._batching import BatchError
 from ._fetch import Fetched
 from ._process_workers import ITERATE, ProcessWorkers
 
-__all__ = ["process_batches"]
+__all__ = ["caller_feed", "process_batches"]
 
 _epochs = itertools.count()
 
 
-def process_batches(workers: ProcessWorkers, prefetch: int, in_order: bool) -> Iterator[Any]:
-    """This epoch's batches from ``workers`` (errors as ``BatchError`` items)."""
+Read = Callable[[Future[Fetched | None]], Fetched | None]
+
+
+def process_batches(
+    workers: ProcessWorkers, prefetch: int, in_order: bool, read: Read | None = None
+) -> Iterator[Any]:
+    """This epoch's batches from ``workers`` (errors as ``BatchError`` items); ``read``
+    waits for one (default: for the receiver thread to fill it in)."""
     epoch = next(_epochs)  # a fresh iterator in each worker (persistent ones included)
     keys = itertools.count()
     pending: dict[int, deque[tuple[int, Future[Fetched | None]]]] = {}
@@ -56,7 +67,7 @@ def process_batches(workers: ProcessWorkers, prefetch: int, in_order: bool) -> I
             done, _ = wait(heads, return_when=FIRST_COMPLETED)
             wid = heads[next(iter(done))]
         key, future = pending[wid].popleft()
-        item = _result(future)
+        item = _result(future, read)
         if item is None:  # this worker's iterator has ended
             active.remove(wid)
             continue
@@ -72,9 +83,30 @@ def process_batches(workers: ProcessWorkers, prefetch: int, in_order: bool) -> I
             return
 
 
-def _result(future: Future[Fetched | None]) -> Any:
+def caller_feed(
+    workers: ProcessWorkers, prefetch: int, skip: int, timeout: float | None
+) -> Callable[[], tuple[int, Any]]:
+    """The epoch's batches in torch's order, sent and read by the thread that calls the
+    feed (``workers`` made without a receiver), after the ``skip`` delivered before a
+    restore; ``TimeoutError`` when a worker takes longer than ``timeout``."""
+    read = functools.partial(workers.result, timeout=timeout)
+    batches = itertools.islice(process_batches(workers, prefetch, True, read), skip, None)
+    number = skip
+
+    def feed() -> tuple[int, Any]:
+        nonlocal number
+        item = next(batches)  # StopIteration: the epoch has ended
+        number += 1
+        return number - 1, item
+
+    return feed
+
+
+def _result(future: Future[Fetched | None], read: Read | None) -> Any:
     try:
-        fetched = future.result()
+        fetched = read(future) if read is not None else future.result()
+    except TimeoutError:
+        raise
     except Exception as exc:  # the worker died, or the loader stopped
         return BatchError(exc.with_traceback(None), fatal=True)
     if fetched is None:
