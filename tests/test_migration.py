@@ -783,6 +783,7 @@ import os, resource, runpy, signal, sys
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 if sys.argv[1] != "none":
     kill = getattr(signal, sys.argv[1])
+    signal.signal(kill, signal.SIG_DFL)  # as in a terminal (under nohup, SIGHUP is ignored)
     signal.signal(signal.SIGXFSZ, lambda *_: os.kill(os.getpid(), kill))
 sys.argv = ["torch-spdl", "migrate", "--no-diff", "--write", *sys.argv[2:]]
 runpy.run_module("torch_spdl", run_name="__main__")
