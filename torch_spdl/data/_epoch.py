@@ -96,16 +96,15 @@ class EpochIterator:
         if plan.loading == "caller" or (iterable_inline and plan.worker_type == "process"):
             self._caller = self._caller_loading(self._inline_feed())
             self._pipeline = _idle_pipeline()
-        elif self._map_style and self._workers_fed_by_caller():
+        elif self._workers_fed_by_caller():
             workers = self._parts.caller_processes()
-            in_flight = plan.prefetch_factor * plan.num_workers
-            feed = WorkerFeed(workers, self._batches(0), in_flight, plan.timeout)
+            feed: Feed
+            if self._map_style:
+                in_flight = plan.prefetch_factor * plan.num_workers
+                feed = WorkerFeed(workers, self._batches(0), in_flight, plan.timeout)
+            else:
+                feed = caller_feed(workers, plan.prefetch_factor, self._watermark, plan.timeout)
             self._caller = self._caller_loading(feed)
-            self._pipeline = _idle_pipeline()
-        elif not self._map_style and self._workers_fed_by_caller():
-            workers = self._parts.caller_processes()
-            stream = caller_feed(workers, plan.prefetch_factor, self._watermark, plan.timeout)
-            self._caller = self._caller_loading(stream)
             self._pipeline = _idle_pipeline()
         elif self._map_style:
             builder = self._parts.build_map(

@@ -21,6 +21,7 @@ from ..pipeline import (
     PipeConfig,
     PipelineBuilder,
     PipelineConfig,
+    StoppableSource,
     build_pipeline,
 )
 from ..source import DistributedRandomSampler, resolve_rank_and_world_size
@@ -57,9 +58,8 @@ class _Shard:
         return itertools.islice(self.source, self.start, None, self.step)
 
     def stop_source(self) -> None:
-        stop = getattr(self.source, "stop_source", None)
-        if stop is not None:
-            stop()
+        if isinstance(self.source, StoppableSource):
+            self.source.stop_source()
 
     def __repr__(self) -> str:
         return f"shard {self.start} of {self.step} of {self.source!r}"
