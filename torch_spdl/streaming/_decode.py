@@ -88,9 +88,7 @@ class Decoder:
         overrides: Mapping[str, FieldDecoder | None] | None = None,
         media: bool = True,
     ) -> None:
-        if image_size is not None and (
-            len(image_size) != 2 or min(image_size) < 1
-        ):
+        if image_size is not None and (len(image_size) != 2 or min(image_size) < 1):
             raise ValueError(f"image_size must be (height, width), got {image_size!r}")
         self.image_size = image_size
         self.overrides = {k.lower(): v for k, v in (overrides or {}).items()}

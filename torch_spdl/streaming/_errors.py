@@ -42,7 +42,9 @@ class ShardFailure(RuntimeError):
         return (_rebuild, (type(self), self.args, self.__dict__))
 
 
-def _rebuild(cls: type[Exception], args: tuple[object, ...], fields: dict[str, object]) -> Exception:
+def _rebuild(
+    cls: type[Exception], args: tuple[object, ...], fields: dict[str, object]
+) -> Exception:
     exc = cls.__new__(cls)
     Exception.__init__(exc, *args)
     exc.__dict__.update(fields)

@@ -162,18 +162,21 @@ class Progress:
     def _restore(self, state: dict[str, Any]) -> None:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unknown streaming state version {state.get('version')!r}")
-        self.cursor = tuple(state["cursor"])  # type: ignore[assignment]
+        pos, index, offset = (int(x) for x in state["cursor"])
+        self.cursor = (pos, index, offset)
         self.delivered = int(state["delivered"])
         self.failures = {int(k): int(v) for k, v in state["failures"].items()}
         self.exhausted = bool(state["exhausted"])
         self.buffer.set_rng_state(state["rng"])
-        spans = [tuple(int(x) for x in entry) for entry in state["buffer"]]
-        self._refills = spans  # type: ignore[assignment]
+        spans = [(int(p), int(i), int(s), int(e)) for p, i, s, e in state["buffer"]]
+        self._refills = spans
         self.buffer.items = [None] * len(spans)  # type: ignore[list-item]
         self._slots = {(s[0], s[1]): i for i, s in enumerate(spans)}
 
 
-def _refill_tasks(urls: Sequence[str], spans: Sequence[tuple[int, int, int, int]]) -> list[ShardTask]:
+def _refill_tasks(
+    urls: Sequence[str], spans: Sequence[tuple[int, int, int, int]]
+) -> list[ShardTask]:
     """Ranged reads that bring back the samples ``(pos, index, start, end)``: one per run
     of samples of one shard that lie within ``_MERGE_GAP`` of each other."""
     by_shard: dict[int, list[tuple[int, int, int]]] = {}
@@ -189,5 +192,7 @@ def _refill_tasks(urls: Sequence[str], spans: Sequence[tuple[int, int, int, int]
                 runs.append([span])
         for run in runs:
             wanted = tuple((start, index) for start, _, index in run)
-            tasks.append(ShardTask(pos, urls[pos], run[0][0], end=max(e for _, e, _ in run), wanted=wanted))
+            tasks.append(
+                ShardTask(pos, urls[pos], run[0][0], end=max(e for _, e, _ in run), wanted=wanted)
+            )
     return tasks

@@ -29,8 +29,15 @@ T = TypeVar("T")
 
 _TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _TRANSIENT_CODES = frozenset(
-    {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-     "ServiceUnavailable", "RequestTimeTooSkewed"}
+    {
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "RequestTimeout",
+        "InternalError",
+        "ServiceUnavailable",
+        "RequestTimeTooSkewed",
+    }
 )
 
 

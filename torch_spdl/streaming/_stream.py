@@ -193,7 +193,9 @@ class _Decode:
             if self.transform is not None:
                 value = self.transform(value)
         except Exception as exc:
-            exc.add_note(f"sample {item.key!r} of shard {item.url} (bytes {item.start}-{item.end - 1})")
+            exc.add_note(
+                f"sample {item.key!r} of shard {item.url} (bytes {item.start}-{item.end - 1})"
+            )
             return Failed(item.pos, item.index, item.url, item.key, exc, item.end)
         item.value = value
         return item
@@ -203,7 +205,7 @@ Concurrency = int | Literal["auto"]
 
 
 def stream_builder(
-    tasks: Sequence[ShardTask],
+    tasks: Sequence[Any],
     store: Store,
     decoder: Decoder,
     transform: Callable[[dict[str, Any]], Any] | None,
@@ -215,13 +217,27 @@ def stream_builder(
     """The pipeline of one consumer, up to decoded samples in shard order (no sink)."""
     return (
         PipelineBuilder()
-        .add_source(tasks)
-        .pipe(_Locate(store, chunk_size), concurrency=read_concurrency, name="locate",
-              output_order="input", queue_size=4)
+        .add_source(list(tasks))
+        .pipe(
+            _Locate(store, chunk_size),
+            concurrency=read_concurrency,
+            name="locate",
+            output_order="input",
+            queue_size=4,
+        )
         .disaggregate()
-        .pipe(_Read(store), concurrency=read_concurrency, name="read", output_order="input",
-              queue_size=4)
+        .pipe(
+            _Read(store),
+            concurrency=read_concurrency,
+            name="read",
+            output_order="input",
+            queue_size=4,
+        )
         .pipe(_Split(), name="split", queue_size=4)
-        .pipe(_Decode(decoder, transform), concurrency=decode_concurrency, name="decode",
-              output_order="input")
+        .pipe(
+            _Decode(decoder, transform),
+            concurrency=decode_concurrency,
+            name="decode",
+            output_order="input",
+        )
     )

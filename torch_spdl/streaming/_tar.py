@@ -49,7 +49,9 @@ def _octal(raw: bytes, what: str, offset: int) -> int:
     try:
         return int(text, 8)
     except ValueError:
-        raise TarFormatError(f"bad {what} field {raw!r} in the tar header at byte {offset}")
+        raise TarFormatError(
+            f"bad {what} field {raw!r} in the tar header at byte {offset}"
+        ) from None
 
 
 def _checksum_ok(header: bytes) -> bool:

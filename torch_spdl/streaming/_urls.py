@@ -70,7 +70,7 @@ def list_shards(pattern: str, storage_options: Mapping[str, Any] | None = None) 
     Raises:
         FileNotFoundError: when nothing matches.
     """
-    import fsspec
+    import fsspec  # type: ignore[import-untyped]
 
     fs, path = fsspec.core.url_to_fs(pattern, **dict(storage_options or {}))
     found = sorted(fs.glob(path))
