@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import torch.utils.data
 
-from ..pipeline import BackgroundTask, PipelineBuilder
+from ..pipeline import BackgroundTask, PipelineBuilder, PipelineFailure
 from ..pipeline.defs import Aggregator
 from ..source import resolve_rank_and_world_size
 from ._decode import Decoder, FieldDecoder
@@ -236,9 +236,15 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             .add_sink(16)
             .build(background_tasks=[lambda: _CloseStore(store)])
         )
-        with pipeline.auto_stop():
-            for item in pipeline:
-                yield from progress.take(item)
+        try:
+            with pipeline.auto_stop():
+                for item in pipeline:
+                    yield from progress.take(item)
+        except PipelineFailure as failure:  # a read failed for good: its own error, the URL
+            cause = failure.__cause__
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
         yield from progress.finish()
 
     def builder(self, consumer: Consumer | None = None) -> PipelineBuilder[Any, Any]:

@@ -151,17 +151,29 @@ class _Split:
         if self._broken:
             return
         assert chunk.data is not None
+        error: TarFormatError | None = None
         try:
             raws = self._splitter.feed(chunk.data)
-            if chunk.last or self._splitter.ended:
-                raws += self._splitter.finish()
         except TarFormatError as exc:
+            raws, error = exc.completed, exc
+        if error is None and (chunk.last or self._splitter.ended):
+            try:
+                raws += self._splitter.finish()
+            except TarFormatError as exc:
+                error = exc
+        yield from self._samples(task, raws)
+        if error is not None:  # the samples before the fault went out; the rest is lost
             self._broken = True
-            exc.add_note(f"in shard {task.url}")
-            yield Failed(task.pos, -1, task.url, None, exc)
+            error.add_note(f"in shard {task.url}")
+            yield Failed(task.pos, -1, task.url, None, error)
             if task.wanted is None:
                 yield ShardEnd(task.pos, task.url)
             return
+        if chunk.last and task.wanted is None:
+            self._broken = True  # whatever follows the end of the archive is not read
+            yield ShardEnd(task.pos, task.url)
+
+    def _samples(self, task: ShardTask, raws: list[Any]) -> Iterator[Sample]:
         wanted = dict(task.wanted) if task.wanted is not None else None
         for raw in raws:
             if wanted is not None:
@@ -171,9 +183,6 @@ class _Split:
             else:
                 index, self._index = self._index, self._index + 1
             yield Sample(task.pos, index, task.url, raw.key, raw.start, raw.end, raw.fields)
-        if chunk.last and task.wanted is None:
-            self._broken = True  # whatever follows the end of the archive is not read
-            yield ShardEnd(task.pos, task.url)
 
 
 class _Decode:
@@ -224,6 +233,7 @@ def stream_builder(
             name="locate",
             output_order="input",
             queue_size=4,
+            max_failures=0,
         )
         .disaggregate()
         .pipe(
@@ -232,12 +242,14 @@ def stream_builder(
             name="read",
             output_order="input",
             queue_size=4,
+            max_failures=0,
         )
-        .pipe(_Split(), name="split", queue_size=4)
+        .pipe(_Split(), name="split", queue_size=4, max_failures=0)
         .pipe(
             _Decode(decoder, transform),
             concurrency=decode_concurrency,
             name="decode",
             output_order="input",
+            max_failures=0,
         )
     )

@@ -25,7 +25,10 @@ _NAME = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 
 
 class TarFormatError(ValueError):
-    """The bytes of a shard are not a well-formed tar where the parser stands."""
+    """The bytes of a shard are not a well-formed tar where the parser stands.
+    ``completed``: the samples the same call had completed before the fault."""
+
+    completed: list[RawSample] = []
 
 
 @dataclass
@@ -111,6 +114,14 @@ class TarSplitter:
         self._pos = 0
         buf = self._buf
         done: list[RawSample] = []
+        try:
+            self._parse(buf, done)
+        except TarFormatError as exc:
+            exc.completed = done
+            raise
+        return done
+
+    def _parse(self, buf: bytes, done: list[RawSample]) -> None:
         while not self._ended:
             pos = self._pos
             if len(buf) - pos < _BLOCK:
@@ -162,7 +173,6 @@ class TarSplitter:
                 raise TarFormatError(f"sample {key!r} has two {ext!r} files (at byte {offset})")
             sample.fields[ext] = payload
             sample.end = self._base
-        return done
 
     def finish(self) -> list[RawSample]:
         """The stream has ended: the last sample; raises when it ended inside a member."""

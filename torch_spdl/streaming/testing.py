@@ -71,6 +71,39 @@ class Faults:
             return [(p, r) for m, p, r in self.log if m == "GET" and p.endswith(suffix)]
 
 
+class _Connections:
+    """The open connections of a threading server, so that stopping it can end them:
+    a client that keeps its connection alive would otherwise keep its handler thread."""
+
+    def __init__(self, server: Any) -> None:
+        self.open: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        accept, finish = server.get_request, server.shutdown_request
+
+        def get_request() -> Any:
+            sock, addr = accept()
+            with self._lock:
+                self.open.add(sock)
+            return sock, addr
+
+        def shutdown_request(sock: Any) -> None:
+            with self._lock:
+                self.open.discard(sock)
+            finish(sock)
+
+        server.get_request, server.shutdown_request = get_request, shutdown_request
+        server.daemon_threads, server.block_on_close = False, True  # server_close joins them
+
+    def end(self) -> None:
+        with self._lock:
+            socks = list(self.open)
+        for sock in socks:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
 def _reset(sock: socket.socket) -> None:
     """Close with a TCP reset (RST), as a crashed or overloaded server does."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -149,7 +182,6 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 
 class _HTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
     request_queue_size = 256
 
     def __init__(self, files: dict[str, bytes], faults: Faults) -> None:
@@ -166,6 +198,7 @@ class LocalHTTP:
     def __init__(self, files: dict[str, bytes], faults: Faults | None = None) -> None:
         self.faults = faults or Faults()
         self._server = _HTTPServer(files, self.faults)
+        self._connections = _Connections(self._server)
         host, port = self._server.server_address[:2]
         self.endpoint = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -180,6 +213,7 @@ class LocalHTTP:
     def __exit__(self, *exc: object) -> None:
         self.faults.released.set()
         self._server.shutdown()
+        self._connections.end()
         self._server.server_close()
         self._thread.join()
 
@@ -247,8 +281,8 @@ class LocalS3:
         self.faults = faults or Faults()
         app = _Middleware(DomainDispatcherApplication(create_backend_app), self.faults)
         self._server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Handler)
-        self._server.daemon_threads = True
         self._server.log = _quiet  # type: ignore[method-assign]  # no line per request
+        self._connections = _Connections(self._server)
         host, port = self._server.server_address[:2]
         self.endpoint = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -284,5 +318,6 @@ class LocalS3:
     def __exit__(self, *exc: object) -> None:
         self.faults.released.set()
         self._server.shutdown()
+        self._connections.end()
         self._server.server_close()
         self._thread.join()
