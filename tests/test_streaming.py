@@ -16,7 +16,6 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto")
 
 import torch_spdl  # noqa: E402
-from torch_spdl.pipeline import PipelineBuilder  # noqa: E402
 from torch_spdl.streaming import (  # noqa: E402
     Consumer,
     RetryPolicy,

@@ -200,7 +200,7 @@ class LocalHTTP:
         self._server = _HTTPServer(files, self.faults)
         self._connections = _Connections(self._server)
         host, port = self._server.server_address[:2]
-        self.endpoint = f"http://{host}:{port}"
+        self.endpoint = f"http://{host!s}:{port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def url(self, name: str) -> str:
@@ -241,7 +241,7 @@ class _Middleware:
             start_response("500 Gone", [("Content-Length", "0")])
             return []
         if fault == "503":
-            body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+            body = b"<Error><Code>SlowDown</Code><Message>Reduce your rate.</Message></Error>"
             start_response("503 Slow Down", [("Content-Length", str(len(body)))])
             return [body]
         result = self.app(environ, start_response)
@@ -268,14 +268,14 @@ class LocalS3:
     fsspec needs to reach it (``{"s3": {...}}``)."""
 
     def __init__(self, faults: Faults | None = None) -> None:
-        from moto.moto_server.werkzeug_app import (  # type: ignore[import-untyped]
+        from moto.moto_server.werkzeug_app import (
             DomainDispatcherApplication,
             MotoRequestHandler,
             create_backend_app,
         )
         from werkzeug.serving import make_server
 
-        class Handler(MotoRequestHandler):  # type: ignore[misc]
+        class Handler(MotoRequestHandler):
             log = _quiet  # no line per request
 
         self.faults = faults or Faults()
@@ -284,7 +284,7 @@ class LocalS3:
         self._server.log = _quiet  # type: ignore[method-assign]  # no line per request
         self._connections = _Connections(self._server)
         host, port = self._server.server_address[:2]
-        self.endpoint = f"http://{host}:{port}"
+        self.endpoint = f"http://{host!s}:{port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._buckets: set[str] = set()
         self._fs: Any = None
