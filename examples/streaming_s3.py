@@ -44,9 +44,9 @@ def make_shards(s3: Any, shards: int, per_shard: int) -> list[str]:
     return urls
 
 
-def keys_of(loader: Any, limit: int | None = None) -> list[str]:
+def keys_of(batches: Any, limit: int | None = None) -> list[str]:
     keys: list[str] = []
-    for n, batch in enumerate(loader):
+    for n, batch in enumerate(batches):
         assert batch["jpg"].shape[1:] == (3, 64, 64), batch["jpg"].shape
         keys += batch["__key__"]
         if limit is not None and n + 1 == limit:
@@ -92,9 +92,10 @@ def main() -> int:
         whole = keys_of(loader_for(urls, options, epoch=1))
         half = len(whole) // args.batch // 2
         interrupted = loader_for(urls, options, epoch=1)
-        head = keys_of(interrupted, limit=half)
-        state = interrupted.state_dict()  # what a checkpoint saves
-        del interrupted
+        epoch = iter(interrupted)  # the epoch in progress, as in a training loop
+        head = keys_of(epoch, limit=half)
+        state = interrupted.state_dict()  # what a checkpoint saves, mid-epoch
+        del epoch, interrupted
         resumed = loader_for(urls, options, epoch=1)
         resumed.load_state_dict(state)
         tail = keys_of(resumed)
