@@ -203,6 +203,9 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
                     f"iteration is epoch {self.epoch}, {consumer}: the rank, world size "
                     "and number of DataLoader workers must be those of the saved run"
                 )
+        return self._new_progress(consumer, state)
+
+    def _new_progress(self, consumer: Consumer, state: dict[str, Any] | None = None) -> Progress:
         return Progress(
             self.shards(consumer),
             consumer,
@@ -257,14 +260,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             consumer: who reads (default: detected as in iteration).
         """
         consumer = self.consumer() if consumer is None else consumer
-        progress = Progress(
-            self.shards(consumer),
-            consumer,
-            self.epoch,
-            self.seed,
-            self.shuffle_buffer,
-            self.max_failures_per_shard,
-        )
+        progress = self._new_progress(consumer)
         store = Store(self.storage_options, self.retry, seed=consumer.index)
         return self._stream(progress, store).aggregate(_Deliver(progress)).disaggregate()
 
@@ -277,9 +273,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             return self._live.state_dict()
         if self._resume is not None:
             return dict(self._resume)
-        return Progress(
-            self.shards(), self.consumer(), self.epoch, self.seed, self.shuffle_buffer, 0
-        ).state_dict()
+        return self._new_progress(self.consumer()).state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration continue from ``state`` (its epoch becomes current).

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["Faults", "LocalHTTP", "LocalS3", "write_shard"]
 
@@ -190,23 +190,20 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
         self.faults = faults
 
 
-class LocalHTTP:
-    """An HTTP server of ``files`` (``{name: bytes}``) with ``Range`` support, on
-    127.0.0.1; a context manager. ``url(name)`` is a file's URL; ``faults`` its plan
-    and log."""
+class _Running:
+    """A threading server run in a thread of this process: started on entering, and on
+    leaving stopped with every connection it still has open and every handler joined."""
 
-    def __init__(self, files: dict[str, bytes], faults: Faults | None = None) -> None:
-        self.faults = faults or Faults()
-        self._server = _HTTPServer(files, self.faults)
-        self._connections = _Connections(self._server)
-        host, port = self._server.server_address[:2]
+    faults: Faults
+
+    def _serve(self, server: Any) -> None:
+        self._server = server
+        self._connections = _Connections(server)
+        host, port = server.server_address[:2]
         self.endpoint = f"http://{host!s}:{port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=server.serve_forever, daemon=True)
 
-    def url(self, name: str) -> str:
-        return f"{self.endpoint}/{name}"
-
-    def __enter__(self) -> LocalHTTP:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
@@ -216,6 +213,19 @@ class LocalHTTP:
         self._connections.end()
         self._server.server_close()
         self._thread.join()
+
+
+class LocalHTTP(_Running):
+    """An HTTP server of ``files`` (``{name: bytes}``) with ``Range`` support, on
+    127.0.0.1; a context manager. ``url(name)`` is a file's URL; ``faults`` its plan
+    and log."""
+
+    def __init__(self, files: dict[str, bytes], faults: Faults | None = None) -> None:
+        self.faults = faults or Faults()
+        self._serve(_HTTPServer(files, self.faults))
+
+    def url(self, name: str) -> str:
+        return f"{self.endpoint}/{name}"
 
 
 class _Middleware:
@@ -262,7 +272,7 @@ def _cut(data: bytes, sock: socket.socket | None) -> Iterator[bytes]:
     raise ConnectionAbortedError("truncated by the fault plan")
 
 
-class LocalS3:
+class LocalS3(_Running):
     """moto's S3 in server mode on 127.0.0.1, behind the fault middleware; a context
     manager. ``put(bucket, name, data)`` stores an object; ``storage_options`` are what
     fsspec needs to reach it (``{"s3": {...}}``)."""
@@ -280,12 +290,9 @@ class LocalS3:
 
         self.faults = faults or Faults()
         app = _Middleware(DomainDispatcherApplication(create_backend_app), self.faults)
-        self._server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Handler)
-        self._server.log = _quiet  # type: ignore[method-assign]  # no line per request
-        self._connections = _Connections(self._server)
-        host, port = self._server.server_address[:2]
-        self.endpoint = f"http://{host!s}:{port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=Handler)
+        server.log = _quiet  # type: ignore[method-assign]  # no line per request
+        self._serve(server)
         self._buckets: set[str] = set()
         self._fs: Any = None
 
@@ -310,14 +317,3 @@ class LocalS3:
             self._buckets.add(bucket)
         self._fs.pipe_file(f"{bucket}/{name}", data)
         return f"s3://{bucket}/{name}"
-
-    def __enter__(self) -> LocalS3:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.faults.released.set()
-        self._server.shutdown()
-        self._connections.end()
-        self._server.server_close()
-        self._thread.join()
