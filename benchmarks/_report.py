@@ -435,6 +435,9 @@ def write_report(
         else:
             md += _paired_table(results, key)
         md.append("")
+    streaming = out / "streaming.md"  # written by benchmarks/streaming.py (its own server)
+    if streaming.exists():
+        md += ["## Streaming from object storage", "", streaming.read_text(), ""]
     md += ["## Plots", ""]
     for name, title in made:
         md += [f"### {title}", "", f"![{title}]({name})", ""]

@@ -20,6 +20,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
         ("http_async.py", ["--quick"], "every file arrived once, every byte right: OK"),
         ("subprocess_pipeline.py", ["--quick"], "computed in the subprocess: OK"),
         ("migration_before_after.py", ["--quick"], "same batches: OK"),
+        ("streaming_s3.py", ["--quick"], "resumed epoch identical: OK"),
     ],
 )
 def test_example_runs(script: str, args: list[str], expect: str) -> None:

@@ -64,13 +64,14 @@ def inline_iterable(
     collate_fn: Callable[[Any], Any],
     auto_collation: bool,
     skip: int,
+    restored: bool = False,
 ) -> Feed:
     """An ``IterableDataset``'s batches, each drawn when asked for; the first ``skip``
     (delivered before a restore) are read again and dropped: a stream can only be skipped
-    by reading it."""
+    by reading it, unless the dataset ``restored`` its own position."""
     stream = IterableFetcher(dataset, batch_size, drop_last, collate_fn, auto_collation)
     number = skip
-    for _ in range(skip):
+    for _ in range(0 if restored else skip):
         if stream.next(0) is None:
             break
 

@@ -24,7 +24,8 @@ from ._batching import BatchError, FailureBudget
 from ._caller import CallerLoading, Feed, WorkerFeed, inline_iterable, inline_map
 from ._epoch_pipeline import EpochParts
 from ._epoch_plan import EpochPlan, LoaderResources
-from ._iterable_processes import caller_feed
+from ._fetch import is_stateful
+from ._iterable_processes import WorkerStates, caller_feed
 from ._libc import trim
 from ._worker_choice import SwitchGate, WorkerChoice, decide
 
@@ -76,6 +77,15 @@ class EpochIterator:
         self._rng_state = rng_state(gen)
         self._watermark: int = resume["delivered"] if resume else 0  # batches [0, w) delivered
         self._extra: set[int] = set(resume["extra"]) if resume else set()
+        # A stateful IterableDataset's own position (``_fetch.is_stateful``): in this
+        # process (no workers), or as each worker process last reported it.
+        self._stateful = not self._map_style and is_stateful(plan.dataset)
+        self._worker_states = WorkerStates()
+        restore = None
+        if self._stateful and resume is not None and "dataset_states" in resume:
+            restore = WorkerStates(resume["dataset_states"], resume["next_worker"])
+        if self._stateful and resume is not None and "dataset_state" in resume:
+            plan.dataset.load_state_dict(resume["dataset_state"])
         if self._map_style:
             # torch's own iteration of the sampler: the training process allocates (and
             # frees) exactly what torch's loader does, which scripts' speed depends on
@@ -103,7 +113,14 @@ class EpochIterator:
                 in_flight = plan.prefetch_factor * plan.num_workers
                 feed = WorkerFeed(workers, self._batches(0), in_flight, plan.timeout)
             else:
-                feed = caller_feed(workers, plan.prefetch_factor, self._watermark, plan.timeout)
+                feed = caller_feed(
+                    workers,
+                    plan.prefetch_factor,
+                    self._watermark,
+                    plan.timeout,
+                    self._worker_states if self._stateful else None,
+                    restore,
+                )
             self._caller = self._caller_loading(feed)
             self._pipeline = _idle_pipeline()
         elif self._map_style:
@@ -145,6 +162,7 @@ class EpochIterator:
             plan.collate_fn,
             plan.auto_collation,
             self._watermark,
+            restored=self._stateful and self._watermark > 0,
         )
 
     def _caller_loading(self, feed: Feed) -> CallerLoading:
@@ -266,15 +284,21 @@ class EpochIterator:
     def state_dict(self) -> dict[str, Any]:
         if self._exhausted or self._all_delivered():
             # The epoch is over: what matters is the RNG state the next epoch starts from.
-            state = rng_state(self._plan.generator)
-            return {"epoch": self._plan.epoch, "rng_state": state, "exhausted": True}
-        return {
+            end = rng_state(self._plan.generator)
+            return {"epoch": self._plan.epoch, "rng_state": end, "exhausted": True}
+        state: dict[str, Any] = {
             "epoch": self._plan.epoch,
             "rng_state": self._rng_state,
             "delivered": self._watermark,
             "extra": sorted(self._extra),
             "exhausted": False,
         }
+        if self._stateful and self._plan.num_workers == 0:
+            state["dataset_state"] = self._plan.dataset.state_dict()
+        elif self._stateful and self._worker_states.states:
+            state["dataset_states"] = dict(self._worker_states.states)
+            state["next_worker"] = self._worker_states.next_worker
+        return state
 
     def _all_delivered(self) -> bool:
         if not self._map_style:

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._worker import hidden_worker_info
 
-__all__ = ["Fetched", "IterableFetcher", "fetch_batch"]
+__all__ = ["Fetched", "IterableFetcher", "fetch_batch", "is_stateful"]
 
 _WHO = "torch_spdl.DataLoader"
 _ENDED: Any = object()
@@ -24,19 +24,32 @@ class Fetched:
     """A loaded batch: ``batch`` when every sample loaded and collated; otherwise the
     ``samples`` that loaded, as ``(position, sample)``, and the ``errors`` as
     ``(position, index, exception)``. Position ``-1`` is an error of the whole batch
-    (``collate_fn`` or ``__getitems__`` failed)."""
+    (``collate_fn`` or ``__getitems__`` failed). ``state``: a stateful iterable dataset's
+    ``state_dict()`` right after the batch was drawn (see :func:`is_stateful`)."""
 
-    __slots__ = ("batch", "samples", "errors")
+    __slots__ = ("batch", "samples", "errors", "state")
 
     def __init__(
         self,
         batch: Any = None,
         samples: list[tuple[int, Any]] | None = None,
         errors: list[tuple[int, Any, BaseException]] | None = None,
+        state: Any = None,
     ) -> None:
         self.batch = batch
         self.samples = samples
         self.errors = errors
+        self.state = state
+
+
+def is_stateful(dataset: Any) -> bool:
+    """Whether an iterable dataset saves and restores its own position (torch's
+    ``Stateful`` protocol, as ``torchdata``'s stateful loader reads it): its
+    ``state_dict()`` then travels with each batch from the worker, and a restore hands
+    each worker its own state instead of replaying the stream."""
+    return callable(getattr(dataset, "state_dict", None)) and callable(
+        getattr(dataset, "load_state_dict", None)
+    )
 
 
 def fetch_batch(
@@ -110,11 +123,15 @@ class IterableFetcher:
         self._epoch: Any = None
         self._samples: Any = None
         self._ended = False
+        self._stateful = is_stateful(dataset)
 
-    def next(self, epoch: Any) -> Fetched | None:
-        """The next batch of ``epoch``; None once the iterator has ended."""
+    def next(self, epoch: Any, state: Any = None) -> Fetched | None:
+        """The next batch of ``epoch``; None once the iterator has ended. ``state``, with
+        the first request of an epoch, is restored into a stateful dataset first."""
         if epoch != self._epoch:
             self._epoch, self._samples, self._ended = epoch, None, False
+            if state is not None and self._stateful:
+                self._dataset.load_state_dict(state)
         if self._ended:
             return None
         try:
@@ -126,9 +143,10 @@ class IterableFetcher:
             return Fetched(samples=[], errors=[(-1, None, exc)])
         if samples is _ENDED:
             return None
+        state = self._dataset.state_dict() if self._stateful else None
         try:
             with hidden_worker_info():
-                return Fetched(batch=self._collate_fn(samples))
+                return Fetched(batch=self._collate_fn(samples), state=state)
         except Exception as exc:
             exc.add_note(f"{_WHO}: stage 'collate' failed on a batch of the IterableDataset")
             return Fetched(samples=[], errors=[(-1, None, exc)])

@@ -15,6 +15,12 @@ error naming it.
 In torch's order the calling thread can do all of it inside ``next()`` (:func:`caller_feed`),
 as torch's loader does and as the map-style default does (``_caller.py``): no pipeline, no
 receiver thread waking while the training step runs.
+
+A *stateful* dataset (one with ``state_dict`` / ``load_state_dict``, such as
+``torch_spdl.streaming.StreamingDataset``) sends its state back with each batch; the
+feed reports the state of each batch it hands on (:class:`WorkerStates`), and a restore
+gives each worker its own state with its first request and goes on from the worker
+whose turn was next, instead of reading the stream again to skip what was delivered.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from ._batching import BatchError
 from ._fetch import Fetched
 from ._process_workers import ITERATE, ProcessWorkers
 
-__all__ = ["caller_feed", "process_batches"]
+__all__ = ["WorkerStates", "caller_feed", "process_batches"]
 
 _epochs = itertools.count()
 
@@ -38,18 +44,40 @@ _epochs = itertools.count()
 Read = Callable[[Future[Fetched | None]], Fetched | None]
 
 
+class WorkerStates:
+    """A stateful dataset's state in each worker as of the last batch handed on, and the
+    worker whose turn is next: what a loader's ``state_dict()`` records."""
+
+    def __init__(self, states: dict[int, Any] | None = None, next_worker: int = 0) -> None:
+        self.states: dict[int, Any] = dict(states or {})
+        self.next_worker = next_worker
+
+    def handed_on(self, wid: int, state: Any, num_workers: int) -> None:
+        if state is not None:
+            self.states[wid] = state
+            self.next_worker = (wid + 1) % num_workers
+
+
 def process_batches(
-    workers: ProcessWorkers, prefetch: int, in_order: bool, read: Read | None = None
+    workers: ProcessWorkers,
+    prefetch: int,
+    in_order: bool,
+    read: Read | None = None,
+    states: WorkerStates | None = None,
+    restore: WorkerStates | None = None,
 ) -> Iterator[Any]:
     """This epoch's batches from ``workers`` (errors as ``BatchError`` items); ``read``
-    waits for one (default: for the receiver thread to fill it in)."""
+    waits for one (default: for the receiver thread to fill it in). ``states`` records
+    a stateful dataset's state of each batch handed on; ``restore`` resumes from them."""
     epoch = next(_epochs)  # a fresh iterator in each worker (persistent ones included)
     keys = itertools.count()
     pending: dict[int, deque[tuple[int, Future[Fetched | None]]]] = {}
+    first = dict(restore.states) if restore is not None else {}
 
     def ask(wid: int) -> None:
         key = -1 - next(keys)  # the arena's lease key (map-style batch numbers are >= 0)
-        pending[wid].append((key, workers.submit(key, epoch, ITERATE, [], wid=wid)))
+        task = (epoch, first.pop(wid, None))  # a restored state goes with the first request
+        pending[wid].append((key, workers.submit(key, task, ITERATE, [], wid=wid)))
 
     # What is still pending when the epoch ends, the epoch cancels (``cancel_pending``).
     for wid in range(workers.num_workers):
@@ -57,7 +85,7 @@ def process_batches(
         for _ in range(prefetch):
             ask(wid)
     active = list(range(workers.num_workers))
-    turn = 0
+    turn = restore.next_worker if restore is not None else 0
     while active:
         if in_order:
             turn %= len(active)
@@ -67,11 +95,13 @@ def process_batches(
             done, _ = wait(heads, return_when=FIRST_COMPLETED)
             wid = heads[next(iter(done))]
         key, future = pending[wid].popleft()
-        item = _result(future, read)
+        item, state = _result(future, read)
         if item is None:  # this worker's iterator has ended
             active.remove(wid)
             continue
         turn += 1
+        if states is not None:
+            states.handed_on(wid, state, workers.num_workers)
         # Counted as the training loop's from here (batches waiting in the pipeline too),
         # before asking for the next: this thread both asks and hands batches on, so with
         # every arena held by a loop that keeps its batches, the next one goes by copy
@@ -84,13 +114,21 @@ def process_batches(
 
 
 def caller_feed(
-    workers: ProcessWorkers, prefetch: int, skip: int, timeout: float | None
+    workers: ProcessWorkers,
+    prefetch: int,
+    skip: int,
+    timeout: float | None,
+    states: WorkerStates | None = None,
+    restore: WorkerStates | None = None,
 ) -> Callable[[], tuple[int, Any]]:
     """The epoch's batches in torch's order, sent and read by the thread that calls the
     feed (``workers`` made without a receiver), after the ``skip`` delivered before a
-    restore; ``TimeoutError`` when a worker takes longer than ``timeout``."""
+    restore (read again and dropped, unless ``restore`` gives the workers' states);
+    ``TimeoutError`` when a worker takes longer than ``timeout``."""
     read = functools.partial(workers.result, timeout=timeout)
-    batches = itertools.islice(process_batches(workers, prefetch, True, read), skip, None)
+    batches: Iterator[Any] = process_batches(workers, prefetch, True, read, states, restore)
+    if restore is None:
+        batches = itertools.islice(batches, skip, None)
     number = skip
 
     def feed() -> tuple[int, Any]:
@@ -102,15 +140,16 @@ def caller_feed(
     return feed
 
 
-def _result(future: Future[Fetched | None], read: Read | None) -> Any:
+def _result(future: Future[Fetched | None], read: Read | None) -> tuple[Any, Any]:
+    """The batch (or its error) and the dataset's state after it."""
     try:
         fetched = read(future) if read is not None else future.result()
     except TimeoutError:
         raise
     except Exception as exc:  # the worker died, or the loader stopped
-        return BatchError(exc.with_traceback(None), fatal=True)
+        return BatchError(exc.with_traceback(None), fatal=True), None
     if fetched is None:
-        return None
+        return None, None
     if fetched.errors is not None:
-        return BatchError(fetched.errors[0][2])
-    return fetched.batch
+        return BatchError(fetched.errors[0][2]), None
+    return fetched.batch, fetched.state

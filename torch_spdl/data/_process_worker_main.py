@@ -98,7 +98,8 @@ def worker_main(
                 assert iterable is not None, "an iterable task for a map-style worker"
                 per_batch, drop_last = iterable
                 fetcher = IterableFetcher(dataset, per_batch, drop_last, collate_fn, auto_collation)
-            fetched = fetcher.next(values)
+            epoch, state = values  # state: a stateful dataset's, to restore first
+            fetched = fetcher.next(epoch, state)
             if fetched is None:
                 results.send(("end", task_id, slot))
             else:
@@ -174,6 +175,6 @@ def _dump(
     space: BatchSpace | None = None,
 ) -> tuple[Any, ...]:
     if fetched.errors is None:
-        return ("ok", task_id, slot, *dump_batch(fetched.batch, arena, space))
+        return ("ok", task_id, slot, *dump_batch(fetched.batch, arena, space), fetched.state)
     errors = [(pos, index, *_pack_error(exc)) for pos, index, exc in fetched.errors]
     return ("failed", task_id, slot, *dump_batch(fetched.samples, arena), errors)

@@ -382,7 +382,7 @@ class ProcessWorkers:
                 self._leases.written(slot)
         value = load_batch(data, arena, size, used, release)
         if kind == "ok":
-            return Fetched(batch=value)
+            return Fetched(batch=value, state=message[6])
         errors = []
         for pos, index, exc_data, text in message[6]:
             error = rebuild_error(exc_data, text)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence, Sized
 from typing import Any
 
 import lightning.pytorch as pl
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, IterableDataset
 
 from ..data import DataLoader, Stage, StagedDataset
 from ..source import DistributedRandomSampler
@@ -48,6 +48,20 @@ class FunctionDataset(StagedDataset):
         if self.process_fn is not None:
             steps.append(Stage(self.process, "cpu", name="process"))
         return steps
+
+
+class _EpochLoader(DataLoader):
+    """The training loader of an iterable dataset with ``set_epoch`` (a
+    ``torch_spdl.streaming.StreamingDataset``): Lightning sets the epoch on a loader's
+    sampler, which an iterable dataset does not have, so each ``iter()`` sets the
+    Trainer's current epoch on the dataset first."""
+
+    epoch_of: Callable[[], int] | None = None
+
+    def __iter__(self) -> Any:
+        if self.epoch_of is not None:
+            self.dataset.set_epoch(self.epoch_of())  # type: ignore[attr-defined]
+        return super().__iter__()
 
 
 # DistributedSampler is a base only for Lightning's isinstance check: its __init__ never
@@ -161,10 +175,12 @@ class StagedDataModule(pl.LightningDataModule):
         )
 
     # -- loaders ---------------------------------------------------------------------------
-    def _loader(self, dataset: Dataset | None, **kwargs: Any) -> Any:
+    def _loader(
+        self, dataset: Dataset | None, loader_class: type = DataLoader, **kwargs: Any
+    ) -> Any:
         if dataset is None:  # Lightning reads an empty list as "no such loader"
             return []
-        return DataLoader(
+        return loader_class(
             dataset,
             batch_size=self.batch_size,
             num_workers=self.cpu_concurrency,  # the workers running the CPU stage
@@ -186,6 +202,8 @@ class StagedDataModule(pl.LightningDataModule):
         dataset = self.train_dataset
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__} has no train dataset")
+        if isinstance(dataset, IterableDataset):
+            return self._iterable_train_loader(dataset)
         if not isinstance(dataset, Sized):
             raise TypeError(
                 f"{type(self).__name__}: the train dataset {dataset!r} has no length; "
@@ -201,6 +219,19 @@ class StagedDataModule(pl.LightningDataModule):
             shuffle=self.shuffle,
         )
         loader = self._loader(dataset, sampler=sampler)
+        if self._pending_state is not None:
+            loader.load_state_dict(self._pending_state)
+            self._pending_state = None
+        self._train_loader = loader
+        return loader
+
+    def _iterable_train_loader(self, dataset: IterableDataset) -> DataLoader:
+        """An iterable dataset (a stream) shards and shuffles itself: no sampler; the
+        epoch goes to its ``set_epoch``, the loader's state holds its position."""
+        loader = self._loader(dataset, _EpochLoader)
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and callable(getattr(dataset, "set_epoch", None)):
+            loader.epoch_of = lambda: trainer.current_epoch
         if self._pending_state is not None:
             loader.load_state_dict(self._pending_state)
             self._pending_state = None

@@ -1,0 +1,289 @@
+"""``StreamingDataset``: WebDataset shards in object storage as a resumable
+``torch.utils.data.IterableDataset``.
+
+It is what a training script hands to ``torch_spdl.DataLoader`` (or torch's): each
+DataLoader worker of each rank reads its own shards of the epoch (:mod:`._plan`) through a
+pipeline of its own (:mod:`._stream`: ranged reads on an event loop, tar splitting,
+decoding on threads), mixes them in a shuffle buffer and yields samples (:mod:`._progress`).
+``state_dict()`` / ``load_state_dict()`` save and restore that position exactly; the
+torch_spdl DataLoader collects them from its workers with each batch, so a loader's
+``state_dict()`` resumes a stream mid-epoch.
+
+The same stages are available as a ``PipelineBuilder`` (:meth:`StreamingDataset.builder`)
+for code that builds its own pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Literal
+
+import torch.utils.data
+
+from ..pipeline import BackgroundTask, PipelineBuilder, PipelineFailure
+from ..pipeline.defs import Aggregator
+from ..source import resolve_rank_and_world_size
+from ._decode import Decoder, FieldDecoder
+from ._plan import Consumer, shards_of
+from ._progress import Progress
+from ._retry import RetryPolicy
+from ._store import Store
+from ._stream import Failed, Sample, ShardEnd, stream_builder
+from ._urls import expand_urls
+
+__all__ = ["StreamingDataset"]
+
+_LG = logging.getLogger("torch_spdl.streaming")
+
+Concurrency = int | Literal["auto"]
+
+
+class _CloseStore(BackgroundTask):
+    """Lives as long as the pipeline; closes the store's sessions on the loop at stop."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def run(self) -> None:
+        import asyncio
+
+        try:
+            await asyncio.get_running_loop().create_future()  # until the pipeline stops
+        finally:
+            await self.store.close()
+
+
+class _Deliver(Aggregator):
+    """The consumer's end of a builder: the buffer, the failure budget (each build works
+    on a copy, so each starts the epoch afresh)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+
+    def accumulate(self, item: Sample | Failed | ShardEnd) -> list[Any] | None:
+        return list(self.progress.take(item)) or None
+
+    def flush(self) -> list[Any] | None:
+        return list(self.progress.finish()) or None
+
+
+class StreamingDataset(torch.utils.data.IterableDataset[Any]):
+    """Samples of WebDataset tar shards read from URLs (``s3://``, ``http(s)://``,
+    ``file://`` or a path), split over ranks and DataLoader workers, shuffled, resumable.
+
+    Each sample is a dict of its decoded fields by extension, with ``"__key__"`` and
+    ``"__url__"``, passed through ``transform`` if given. Images, video and audio are
+    decoded by :mod:`torch_spdl.io` (images to ``uint8`` ``(C, H, W)`` tensors, resized
+    to ``image_size`` while decoding), ``cls``/``txt``/``json``/``npy`` by the usual
+    readers, other fields are left as ``bytes``; ``decode={"ext": fn}`` replaces any of them.
+
+    Every epoch, the shards are put in an order drawn from ``(seed, epoch)`` (call
+    :meth:`set_epoch`; the global RNGs are never used) and dealt to the consumers, one
+    per (rank, DataLoader worker), with no shard read twice and none left out when their
+    count divides evenly; otherwise ``drop_last`` / ``even_out`` decide as
+    ``DistributedSampler``'s options do (see ``docs/streaming.md``). Samples are mixed in
+    a buffer of ``shuffle_buffer`` samples.
+
+    Args:
+        urls: shard URLs: a list, or a pattern with WebDataset's ``{000..099}`` ranges
+            (:func:`expand_urls`).
+        image_size: ``(height, width)`` images are resized to while decoded (None: as stored).
+        decode: ``{extension: function(bytes) -> value}`` replacing the built-in decoders
+            (a function of None keeps the bytes).
+        transform: applied to each decoded sample dict, on the decode threads.
+        shuffle: shuffle the shards every epoch and the samples in the buffer.
+        seed: the seed of every shuffle (the same on every rank).
+        shuffle_buffer: how many samples the shuffle buffer holds (0: no sample shuffle).
+        rank: this process's rank (default: from ``torch.distributed`` or ``RANK``).
+        world_size: the number of ranks (default: detected likewise).
+        drop_last: with ``even_out``, drop the shards that do not divide evenly instead
+            of repeating some.
+        even_out: give every consumer the same number of shards (default True).
+        read_concurrency: ranged reads in flight per consumer, or ``"auto"``.
+        decode_concurrency: decode threads per consumer, or ``"auto"``.
+        chunk_size: the bytes of one ranged read.
+        retry: how failed reads are retried (attempts, backoff, per-request timeout).
+        max_failures_per_shard: bad samples (undecodable, or a tar that breaks off) a
+            shard may have; one more fails the epoch with :class:`ShardFailure`.
+        storage_options: fsspec options, per protocol (``{"s3": {"endpoint_url": ...}}``)
+            or one dict for all.
+    """
+
+    def __init__(
+        self,
+        urls: str | Iterable[str],
+        *,
+        image_size: tuple[int, int] | None = None,
+        decode: Mapping[str, FieldDecoder | None] | None = None,
+        transform: Callable[[dict[str, Any]], Any] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        even_out: bool = True,
+        read_concurrency: Concurrency = 16,
+        decode_concurrency: Concurrency = 2,
+        chunk_size: int = 16 << 20,
+        retry: RetryPolicy | None = None,
+        max_failures_per_shard: int = 0,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.urls = expand_urls(urls)
+        for name, value in (
+            ("read_concurrency", read_concurrency),
+            ("decode_concurrency", decode_concurrency),
+        ):
+            if value != "auto" and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int or 'auto', got {value!r}")
+        if chunk_size < 1024:
+            raise ValueError(f"chunk_size must be at least 1024 bytes, got {chunk_size}")
+        if max_failures_per_shard < 0:
+            raise ValueError("max_failures_per_shard must be non-negative")
+        if shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be non-negative, got {shuffle_buffer}")
+        if world_size is not None and world_size < 1:
+            raise ValueError(f"world_size must be positive, got {world_size}")
+        self.decoder = Decoder(image_size, decode)
+        self.transform = transform
+        self.shuffle = shuffle
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer if shuffle else 0
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = drop_last
+        self.even_out = even_out
+        self.read_concurrency = read_concurrency
+        self.decode_concurrency = decode_concurrency
+        self.chunk_size = chunk_size
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.max_failures_per_shard = max_failures_per_shard
+        self.storage_options = dict(storage_options or {})
+        self.epoch = 0
+        self._live: Progress | None = None
+        self._resume: dict[str, Any] | None = None
+
+    # -- epochs and consumers -------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Use the shard order of ``epoch`` from the next iteration on (call it before
+        each epoch, as with ``DistributedSampler``)."""
+        self.epoch = epoch
+
+    def consumer(self) -> Consumer:
+        """Who is reading: this rank, and the DataLoader worker this runs in (if any)."""
+        rank, world = resolve_rank_and_world_size(self.rank, self.world_size)
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        return Consumer(rank, world, worker, workers)
+
+    def shards(self, consumer: Consumer | None = None) -> list[str]:
+        """The URLs ``consumer`` (default: this one) reads this epoch, in order."""
+        consumer = self.consumer() if consumer is None else consumer
+        picked = shards_of(
+            consumer,
+            len(self.urls),
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            even_out=self.even_out,
+        )
+        return [self.urls[i] for i in picked]
+
+    # -- iteration -------------------------------------------------------------------------
+    def _progress(self, consumer: Consumer) -> Progress:
+        state, self._resume = self._resume, None
+        if state is not None:
+            saved = Consumer(*state["consumer"])
+            if saved != consumer or state["epoch"] != self.epoch:
+                raise ValueError(
+                    f"the restored state is of epoch {state['epoch']}, {saved}; this "
+                    f"iteration is epoch {self.epoch}, {consumer}: the rank, world size "
+                    "and number of DataLoader workers must be those of the saved run"
+                )
+        return self._new_progress(consumer, state)
+
+    def _new_progress(self, consumer: Consumer, state: dict[str, Any] | None = None) -> Progress:
+        return Progress(
+            self.shards(consumer),
+            consumer,
+            self.epoch,
+            self.seed,
+            self.shuffle_buffer,
+            self.max_failures_per_shard,
+            state,
+        )
+
+    def _stream(self, progress: Progress, store: Store) -> PipelineBuilder[Any, Any]:
+        return stream_builder(
+            progress.tasks(),
+            store,
+            self.decoder,
+            self.transform,
+            read_concurrency=self.read_concurrency,
+            decode_concurrency=self.decode_concurrency,
+            chunk_size=self.chunk_size,
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        consumer = self.consumer()
+        progress = self._progress(consumer)
+        self._live = progress
+        if progress.exhausted:
+            return
+        store = Store(self.storage_options, self.retry, seed=consumer.index)
+        pipeline = (
+            self._stream(progress, store)
+            .add_sink(16)
+            .build(background_tasks=[lambda: _CloseStore(store)])
+        )
+        try:
+            with pipeline.auto_stop():
+                for item in pipeline:
+                    yield from progress.take(item)
+        except PipelineFailure as failure:  # a read failed for good: its own error, the URL
+            cause = failure.__cause__
+            if isinstance(cause, Exception):
+                raise cause from None
+            raise
+        yield from progress.finish()
+
+    def builder(self, consumer: Consumer | None = None) -> PipelineBuilder[Any, Any]:
+        """This consumer's samples as a ``PipelineBuilder`` (no sink): shards in the
+        epoch's order, decoded, failures held to the budget, samples mixed in the buffer.
+        Add stages (``aggregate``, a collate, ``add_sink``) and build it. Each build starts
+        the epoch afresh; it does not resume (the dataset's iteration does).
+
+        Args:
+            consumer: who reads (default: detected as in iteration).
+        """
+        consumer = self.consumer() if consumer is None else consumer
+        progress = self._new_progress(consumer)
+        store = Store(self.storage_options, self.retry, seed=consumer.index)
+        return self._stream(progress, store).aggregate(_Deliver(progress)).disaggregate()
+
+    # -- resumable state -----------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where this consumer stands: what it delivered this epoch, what its shuffle
+        buffer holds (by identity: byte spans), and its RNG state. Small, and cheap to
+        take after every batch."""
+        if self._live is not None:
+            return self._live.state_dict()
+        if self._resume is not None:
+            return dict(self._resume)
+        return self._new_progress(self.consumer()).state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration continue from ``state`` (its epoch becomes current).
+
+        Args:
+            state: what :meth:`state_dict` returned, in the same rank and worker.
+        """
+        self.epoch = int(state["epoch"])
+        self._resume = dict(state)
+        self._live = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self.urls)} shards, e.g. {self.urls[0]!r})"

@@ -1,0 +1,255 @@
+"""The stages that turn shard URLs into decoded samples, as a ``PipelineBuilder``.
+
+    shard tasks ──► locate (async) ──► read chunks (async) ──► split tar ──► decode (threads) ──►
+                    first range,        ranged reads,          samples,      torch_spdl.io,
+                    size if larger      concurrency N          in order      user functions
+
+Every stage keeps its input order, so one consumer's sample sequence depends only on
+its shard list: that is what makes a seeded shuffle repeatable and a resume exact. The
+first ranged read of a shard is also its size probe: a shard smaller than ``chunk_size``
+costs one request, as a plain GET would; a larger one is then read as ranged chunks, up to
+``read_concurrency`` requests in flight across shards and chunks, so a few large shards
+are read in parallel too, and memory stays near ``(read_concurrency + 4) * chunk_size``
+however large the shards are.
+
+Failures are data here, not exceptions, so that the consumer can hold each shard to its
+failure budget: a sample that does not decode and a tar that breaks off come out as
+:class:`Failed` items, and every shard that was read to its end ends with a
+:class:`ShardEnd`. A read that fails after its retries fails the pipeline with the URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..pipeline import PipelineBuilder
+from ._decode import Decoder
+from ._retry import ShardReadError
+from ._store import Store
+from ._tar import TarFormatError, TarSplitter
+
+__all__ = ["Chunk", "Failed", "Sample", "ShardEnd", "ShardTask", "stream_builder"]
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """Read ``url`` from byte ``start``: a shard of the epoch (``pos`` in the consumer's
+    list; samples numbered from ``first_index``), or, with ``wanted``, only the samples
+    that start at the given offsets, within ``[start, end)`` (refilling a restored
+    shuffle buffer)."""
+
+    pos: int
+    url: str
+    start: int = 0
+    first_index: int = 0
+    end: int | None = None
+    wanted: tuple[tuple[int, int], ...] | None = None  # (start offset, sample index)
+
+
+@dataclass
+class Chunk:
+    """Bytes ``[offset, end)`` of a task's object (``data`` None: not read yet)."""
+
+    task: ShardTask
+    offset: int
+    end: int
+    data: bytes | None
+    last: bool
+
+
+@dataclass
+class Sample:
+    """Sample ``index`` of shard ``pos``: its fields (raw, then decoded) and its span."""
+
+    pos: int
+    index: int
+    url: str
+    key: str
+    start: int
+    end: int
+    value: Any
+
+
+@dataclass
+class Failed:
+    """A sample (``index``; -1: the rest of the shard) that could not be split or decoded;
+    ``end`` is the byte after it (-1 when unknown)."""
+
+    pos: int
+    index: int
+    url: str
+    key: str | None
+    error: BaseException
+    end: int = -1
+
+
+@dataclass
+class ShardEnd:
+    """Shard ``pos`` has been read to its end (or to where it broke off)."""
+
+    pos: int
+    url: str
+
+
+class _Locate:
+    """First ranged read of a task; when it came back full, the size, and the chunk plan."""
+
+    def __init__(self, store: Store, chunk_size: int) -> None:
+        self.store = store
+        self.chunk_size = chunk_size
+
+    async def __call__(self, task: ShardTask) -> list[Chunk]:
+        store, size = self.store, self.chunk_size
+        stop = task.start + size if task.end is None else min(task.end, task.start + size)
+        data = await store.read(task.url, task.start, stop)
+        if len(data) < stop - task.start or stop == task.end:
+            return [Chunk(task, task.start, task.start + len(data), data, True)]
+        total = task.end if task.end is not None else await store.size(task.url)
+        chunks = [Chunk(task, task.start, stop, data, stop >= total)]
+        for offset in range(stop, total, size):
+            end = min(total, offset + size)
+            chunks.append(Chunk(task, offset, end, None, end >= total))
+        return chunks
+
+
+class _Read:
+    """A planned chunk's bytes (chunks read by ``_Locate`` pass through)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def __call__(self, chunk: Chunk) -> Chunk:
+        if chunk.data is None:
+            data = await self.store.read(chunk.task.url, chunk.offset, chunk.end)
+            if len(data) != chunk.end - chunk.offset:
+                raise ShardReadError(
+                    chunk.task.url,
+                    f"bytes {chunk.offset}-{chunk.end - 1}",
+                    1,
+                    EOFError(f"got {len(data)} bytes: the object is shorter than its size"),
+                )
+            chunk.data = data
+        return chunk
+
+
+class _Split:
+    """Chunks of each task, in order, into samples (one task at a time: concurrency 1)."""
+
+    def __init__(self) -> None:
+        self._task: ShardTask | None = None
+        self._splitter = TarSplitter()
+        self._index = 0
+        self._broken = False
+
+    def __call__(self, chunk: Chunk) -> Iterator[Sample | Failed | ShardEnd]:
+        task = chunk.task
+        if task is not self._task:
+            self._task, self._splitter = task, TarSplitter(task.start)
+            self._index, self._broken = task.first_index, False
+        if self._broken:
+            return
+        assert chunk.data is not None
+        error: TarFormatError | None = None
+        try:
+            raws = self._splitter.feed(chunk.data)
+        except TarFormatError as exc:
+            raws, error = exc.completed, exc
+        if error is None and (chunk.last or self._splitter.ended):
+            try:
+                raws += self._splitter.finish()
+            except TarFormatError as exc:
+                error = exc
+        yield from self._samples(task, raws)
+        if error is not None:  # the samples before the fault went out; the rest is lost
+            self._broken = True
+            error.add_note(f"in shard {task.url}")
+            yield Failed(task.pos, -1, task.url, None, error)
+            if task.wanted is None:
+                yield ShardEnd(task.pos, task.url)
+            return
+        if chunk.last and task.wanted is None:
+            self._broken = True  # whatever follows the end of the archive is not read
+            yield ShardEnd(task.pos, task.url)
+
+    def _samples(self, task: ShardTask, raws: list[Any]) -> Iterator[Sample]:
+        wanted = dict(task.wanted) if task.wanted is not None else None
+        for raw in raws:
+            if wanted is not None:
+                index = wanted.get(raw.start)
+                if index is None:
+                    continue
+            else:
+                index, self._index = self._index, self._index + 1
+            yield Sample(task.pos, index, task.url, raw.key, raw.start, raw.end, raw.fields)
+
+
+class _Decode:
+    """A sample's fields decoded, with ``__key__`` and ``__url__``, then ``transform``."""
+
+    def __init__(self, decoder: Decoder, transform: Callable[[dict[str, Any]], Any] | None):
+        self.decoder = decoder
+        self.transform = transform
+
+    def __call__(self, item: Sample | Failed | ShardEnd) -> Sample | Failed | ShardEnd:
+        if not isinstance(item, Sample):
+            return item
+        try:
+            value: Any = self.decoder(item.value)
+            value["__key__"] = item.key
+            value["__url__"] = item.url
+            if self.transform is not None:
+                value = self.transform(value)
+        except Exception as exc:
+            exc.add_note(
+                f"sample {item.key!r} of shard {item.url} (bytes {item.start}-{item.end - 1})"
+            )
+            return Failed(item.pos, item.index, item.url, item.key, exc, item.end)
+        item.value = value
+        return item
+
+
+Concurrency = int | Literal["auto"]
+
+
+def stream_builder(
+    tasks: Sequence[Any],
+    store: Store,
+    decoder: Decoder,
+    transform: Callable[[dict[str, Any]], Any] | None,
+    *,
+    read_concurrency: Concurrency,
+    decode_concurrency: Concurrency,
+    chunk_size: int,
+) -> PipelineBuilder[Any, Any]:
+    """The pipeline of one consumer, up to decoded samples in shard order (no sink)."""
+    return (
+        PipelineBuilder()
+        .add_source(list(tasks))
+        .pipe(
+            _Locate(store, chunk_size),
+            concurrency=read_concurrency,
+            name="locate",
+            output_order="input",
+            queue_size=4,
+            max_failures=0,
+        )
+        .disaggregate()
+        .pipe(
+            _Read(store),
+            concurrency=read_concurrency,
+            name="read",
+            output_order="input",
+            queue_size=4,
+            max_failures=0,
+        )
+        .pipe(_Split(), name="split", queue_size=4, max_failures=0)
+        .pipe(
+            _Decode(decoder, transform),
+            concurrency=decode_concurrency,
+            name="decode",
+            output_order="input",
+            max_failures=0,
+        )
+    )
