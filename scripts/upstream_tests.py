@@ -41,7 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_SHIM = '''"""Shim: spdl's public pipeline modules answered by torch_spdl's (scripts/upstream_tests.py)."""
+_SHIM = '''"""Shim: spdl's public pipeline modules answered by torch_spdl's."""
 import importlib
 import importlib.abc
 import importlib.util

@@ -5,8 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
-from types import SimpleNamespace
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any, Generic, NoReturn, TypeVar
 
 from ._channel import EOF, Channel, ChannelAborted
