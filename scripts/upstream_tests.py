@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from xml.etree import ElementTree
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,7 +128,9 @@ def _swap_torch(text: str) -> str:
 def _pytest(cwd: Path, target: str, path: list[str], extra: list[str]) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*path, str(ROOT)])
+    report = cwd / "report.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", target]
+    cmd += [f"--junitxml={report}"]
     proc = subprocess.run(
         [*cmd, *extra], cwd=cwd, env=env, capture_output=True, text=True, check=False
     )
@@ -139,7 +142,22 @@ def _pytest(cwd: Path, target: str, path: list[str], extra: list[str]) -> int:
     if not summary:
         print(proc.stdout[-3000:], proc.stderr[-3000:])
     print("   ", summary[-1] if summary else f"(no summary; exit {proc.returncode})")
+    if report.exists():
+        internal = _failed_on_internals(report)
+        if internal:
+            print(f"    of the failures, {internal} reached a private SPDL name (see the shim)")
     return proc.returncode
+
+
+def _failed_on_internals(report: Path) -> int:
+    """Failed tests whose error is the shim's: they used a private SPDL name."""
+    count = 0
+    for case in ElementTree.parse(report).iter("testcase"):
+        for outcome in (*case.iter("failure"), *case.iter("error")):
+            if "is SPDL's internal" in (outcome.get("message", "") + (outcome.text or "")):
+                count += 1
+                break
+    return count
 
 
 def main() -> int:

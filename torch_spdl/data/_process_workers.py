@@ -397,13 +397,13 @@ class ProcessWorkers:
             return
         worker.process.join(_GRACE_S)
         code = worker.process.exitcode
-        how = f"exit code {code}"
-        if code is not None and code < 0:
-            how = f"signal {signal.Signals(-code).name}"
-        error = WorkerFailure(
-            f"DataLoader worker process {worker.wid} (pid {worker.process.pid}) "
-            f"exited unexpectedly ({how})"
-        )
+        where = f"DataLoader worker (pid {worker.process.pid})"
+        if code is not None and code < 0:  # torch's wording, which scripts match
+            sig = signal.Signals(-code)
+            what = f"{where} is killed by signal: {signal.strsignal(sig)} ({sig.name})"
+        else:
+            what = f"{where} exited unexpectedly with exit code {code}"
+        error = WorkerFailure(f"{what}; it was worker process {worker.wid}")
         worker.dead = error
         self._fail_worker(worker, error)
 
