@@ -173,6 +173,13 @@ class EpochIterator:
     def __len__(self) -> int:
         return self._plan.length()
 
+    @property
+    def _workers(self) -> list[Any]:
+        """This epoch's worker processes, as torch's iterator names them (torch's tests and
+        some scripts join them, or read their pids); empty without worker processes."""
+        loading = self._parts.loading
+        return loading.processes() if loading is not None else []
+
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
