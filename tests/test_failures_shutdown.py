@@ -512,8 +512,10 @@ def test_stop_before_start_and_start_twice():
     pipeline = PipelineBuilder().add_source(range(3)).build()
     pipeline.stop()
     pipeline.stop()
+    pipeline.start()  # a stop() before start() did nothing (as in SPDL)
+    pipeline.stop()
     with pytest.raises(RuntimeError):
-        pipeline.start()
+        pipeline.start()  # a pipeline runs once
 
     pipeline = PipelineBuilder().add_source(range(3)).build()
     with pipeline.auto_stop():

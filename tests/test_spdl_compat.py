@@ -474,7 +474,8 @@ def test_aggregate_is_one_task_per_item_and_every_stage_gets_hooks():
     )
     assert sorted(pipeline) == list(range(5))
     assert list(stats) == ["1:id", "2:aggregate(2)", "3:disaggregate"]
-    assert [stats[n].num_tasks for n in stats] == [5, 5, 5]
+    # as in SPDL, aggregate's flush at the end of the stream is one more task
+    assert [stats[n].num_tasks for n in stats] == [5, 6, 5]
     assert stats["1:id"].info.stage_id == 7 and stats["1:id"].info.index == 1
 
 
@@ -1829,3 +1830,129 @@ def test_an_async_callable_object_routes_and_paths_take_async_ops():
         _slowly(range(6)), PathVariants(Router(), [[Pipe(double)], [Pipe(_negate)]])
     )
     assert sorted(build_pipeline(config)) == sorted([0, 2, 4, -3, -4, -5])
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 31: what SPDL 0.8's own tests check through its public API
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rate", [Fraction(0), Fraction(-1, 10), Fraction(3, 2)])
+def test_a_failure_rate_out_of_range_names_the_range_as_spdl_does(rate):
+    builder = PipelineBuilder().add_source(range(3)).pipe(_triple).add_sink(1)
+    with pytest.raises(ValueError, match=r"must be in range \(0, 1\]"):
+        builder.build(max_failures=rate)
+    with pytest.raises(ValueError, match=r"must be in range \(0, 1\]"):
+        PipelineBuilder().add_source(range(3)).pipe(_triple, max_failures=rate)
+
+
+def test_stop_before_start_and_stop_again_are_no_ops():
+    pipeline = PipelineBuilder().add_source(range(4)).add_sink(1).build()
+    pipeline.stop()
+    pipeline.stop()
+    with pipeline.auto_stop():  # still startable after a stop() that found nothing
+        assert list(pipeline.get_iterator(timeout=WAIT)) == [0, 1, 2, 3]
+        pipeline.stop()
+        pipeline.stop()
+    pipeline.stop()
+
+
+class _Counting(TaskHook):
+    def __init__(self):
+        self.tasks = 0
+
+    @asynccontextmanager
+    async def stage_hook(self):
+        yield
+
+    @asynccontextmanager
+    async def task_hook(self, input_item=None):
+        self.tasks += 1
+        yield
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_aggregate_flush_at_the_end_is_one_more_hooked_task_unless_drop_last(drop_last):
+    hook = _Counting()
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(7))
+        .aggregate(3, drop_last=drop_last)
+        .add_sink(10)
+        .build(task_hook_factory=lambda info: [hook])
+    )
+    batches = list(pipeline)
+    assert batches == ([[0, 1, 2], [3, 4, 5]] + ([] if drop_last else [[6]]))
+    assert hook.tasks == (7 if drop_last else 8)
+
+
+def test_queue_class_observers_are_named_pipeline_stage_id_and_stage_from_stage_id():
+    from torch_spdl.pipeline import AsyncQueue
+
+    names: list[str] = []
+
+    class Named(AsyncQueue):
+        def __init__(self, name, *, buffer_size=1):
+            names.append(str(name))
+            super().__init__(name, buffer_size=buffer_size)
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(3))
+        .pipe(_triple)
+        .pipe(_negate)
+        .add_sink(2)
+        .build(queue_class=Named, stage_id=100)
+    )
+    assert sorted(pipeline) == [-6, -3, 0]
+    assert [n.split(":")[1:] for n in names] == [
+        ["100", "src"],
+        ["101", "_triple"],
+        ["102", "_negate"],
+    ]
+    assert len({n.split(":")[0] for n in names}) == 1  # one pipeline id
+
+
+def test_stage_info_takes_spdl_08_fields_and_task_stats_hook_reports_every_interval():
+    import asyncio
+
+    info = StageInfo(pipeline_id=3, stage_id="7", stage_name="decode")
+    assert (info.name, info.stage_name, info.pipeline_id, str(info)) == (
+        "decode",
+        "decode",
+        3,
+        "decode",
+    )
+    reported: list[TaskPerfStats] = []
+    second_interval = threading.Event()
+
+    class Reporting(TaskStatsHook):
+        async def interval_stats_callback(self, stats):
+            reported.append(stats)
+            if len(reported) == 2:
+                second_interval.set()
+
+    hook = Reporting(info, interval=0.01)
+
+    async def run():
+        async with hook.stage_hook():
+            for _ in range(3):
+                async with hook.task_hook():
+                    pass
+            assert await asyncio.to_thread(second_interval.wait, WAIT)
+
+    asyncio.run(run())
+    assert hook.num_tasks == 3
+    assert sum(s.num_tasks for s in reported) == 3  # each interval reports its own tasks
+    assert reported[1].num_tasks == 0
+
+
+def test_each_error_of_a_failure_has_a_note_naming_its_stage():
+    def failing_source():
+        yield 1
+        raise Boom("source broke")
+
+    pipeline = PipelineBuilder().add_source(failing_source()).pipe(_triple).add_sink(9).build()
+    with pytest.raises(PipelineFailure) as info:
+        with pipeline.auto_stop():
+            list(pipeline.get_iterator(timeout=WAIT))
+    for error in info.value.exceptions:
+        assert any(note.startswith("Pipeline stage:") for note in error.__notes__)

@@ -315,3 +315,34 @@ def test_worker_init_fn_runs_once_per_worker_and_epoch_unless_persistent(
 def test_out_of_order_gives_the_same_batches(worker_type: str) -> None:
     ref, ours = both(MapData(30, "int"), worker_type, batch_size=4, num_workers=2, in_order=False)
     assert sorted(b.tolist() for b in ours) == sorted(b.tolist() for b in ref)
+
+
+# -- an IterableDataset that yields more than len(loader) said (issue 31) ------------------
+class UnshardedWithLength(IterableDataset):
+    """Every worker yields the whole range: with 2 workers, twice ``len()``."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __iter__(self):
+        return iter(range(4))
+
+
+def _warned_at(loader: Any) -> list[int]:
+    """Which batches (1-based) warned that more than ``len(loader)`` were fetched."""
+    assert len(loader) == 4  # asked before the epoch: the epoch compares against it
+    warned = []
+    iterator = iter(loader)
+    for n in range(1, 9):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            next(iterator)
+        if any("samples have been fetched" in str(w.message) for w in caught):
+            warned.append(n)
+    return warned
+
+
+@pytest.mark.parametrize("worker_type", WORKER_TYPES)
+def test_yielding_more_than_the_reported_length_warns_past_it(worker_type: str) -> None:
+    theirs, ours = both(UnshardedWithLength(), worker_type, batch_size=None, num_workers=2)
+    assert _warned_at(ours) == _warned_at(theirs) == [5, 6, 7, 8]

@@ -260,6 +260,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             pin_memory=self.pin_memory,
             max_failures=self.max_failures,
             loading=self._loading() if map_style else None,
+            reported_length=None if map_style else self._IterableDataset_len_called,
         )
 
     def _loading(self) -> Loading:

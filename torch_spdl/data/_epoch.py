@@ -23,7 +23,7 @@ from ._batch_transfer import BatchMover
 from ._batching import BatchError, FailureBudget
 from ._caller import CallerLoading, Feed, WorkerFeed, inline_iterable, inline_map
 from ._epoch_pipeline import EpochParts
-from ._epoch_plan import EpochPlan, LoaderResources
+from ._epoch_plan import EpochPlan, LoaderResources, warn_past_reported_length
 from ._fetch import is_stateful
 from ._iterable_processes import WorkerStates, caller_feed
 from ._libc import trim
@@ -131,6 +131,7 @@ class EpochIterator:
         else:
             self._pipeline = self._parts.build_iterable(self._watermark).build(max_failures=0)
         self._timeout = plan.timeout
+        self._yielded = 0  # batches delivered, counted only against a reported length
         # The pipeline starts at the first next(), as torch's single-process iterator does:
         # code that calls iter() twice on a loader whose batch sampler is its own iterator
         # (Lightning's predict loop does) must not have the unused first epoch pull from it.
@@ -190,6 +191,13 @@ class EpochIterator:
     def __len__(self) -> int:
         return self._plan.length()
 
+    @property
+    def _workers(self) -> list[Any]:
+        """This epoch's worker processes, as torch's iterator names them (torch's tests and
+        some scripts join them, or read their pids); empty without worker processes."""
+        loading = self._parts.loading
+        return loading.processes() if loading is not None else []
+
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
@@ -227,6 +235,10 @@ class EpochIterator:
             raise error
         self._delivered(b)
         self._resources.num_failures = self._budget.count
+        if self._plan.reported_length is not None:
+            self._yielded += 1
+            if self._yielded > self._plan.reported_length:
+                warn_past_reported_length(self._plan, self._yielded)
         return batch
 
     def _get(self) -> Any:

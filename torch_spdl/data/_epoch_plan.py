@@ -14,6 +14,7 @@ epoch asks the resources through their small interface; of the loader it only ca
 from __future__ import annotations
 
 import logging
+import warnings
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -27,7 +28,7 @@ from ._process_workers import ProcessWorkers
 from ._worker import WorkerGroup
 from ._worker_choice import WorkerChoice
 
-__all__ = ["EpochPlan", "Loading", "LoaderResources"]
+__all__ = ["EpochPlan", "Loading", "LoaderResources", "warn_past_reported_length"]
 
 _LG = logging.getLogger("torch_spdl.data")
 
@@ -77,11 +78,31 @@ class EpochPlan:
     pin_memory: bool
     max_failures: int
     loading: Loading
+    #: For an IterableDataset whose length ``len(loader)`` reported (torch's
+    #: ``_IterableDataset_len_called``): that length. An epoch that yields more batches
+    #: warns, as torch's does (a dataset not sharded across workers yields it N times).
+    reported_length: int | None = None
 
     @property
     def threads(self) -> int:
         """Loading threads: ``num_workers``, at least one."""
         return max(self.num_workers, 1)
+
+
+def warn_past_reported_length(plan: EpochPlan, fetched: int) -> None:
+    """The epoch of an IterableDataset yielded more batches than ``len(loader)`` said."""
+    text = (
+        f"Length of IterableDataset {plan.dataset!r} was reported to be "
+        f"{plan.reported_length} (when accessing len(dataloader)), but {fetched} samples "
+        "have been fetched. "
+    )
+    if plan.num_workers > 0:  # torch's wording, which code and tests match
+        text += (
+            "For multiprocessing data-loading, this could be caused by each worker "
+            "iterating the whole dataset: shard it in __iter__ with "
+            "torch.utils.data.get_worker_info() (id, num_workers)."
+        )
+    warnings.warn(text, UserWarning, stacklevel=3)
 
 
 class LoaderResources:

@@ -82,6 +82,8 @@ class _Worker:
         "results",
         "child_ends",
         "dead",
+        "exitcode",
+        "pid",
     )
 
     def __init__(self, wid: int) -> None:
@@ -91,6 +93,44 @@ class _Worker:
         self.results, result_w = mp.Pipe(duplex=False)
         self.child_ends = (task_r, result_w)
         self.dead: WorkerFailure | None = None
+        self.exitcode: int | None = None  # kept when the process object is closed
+        self.pid: int | None = None
+
+
+class WorkerProcess:
+    """What torch's iterator shows of a worker process (its ``_workers``): ``pid``,
+    ``is_alive()``, ``join()``, ``exitcode``, ``terminate()``; still readable once the
+    loader has stopped the worker and closed its process object."""
+
+    def __init__(self, worker: _Worker) -> None:
+        self._worker = worker
+        self.pid = worker.pid
+
+    def _call(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self._worker.process, method)(*args)
+        except ValueError:  # closed: the loader stopped and joined it
+            return None
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._worker.exitcode is not None:
+            return self._worker.exitcode
+        try:
+            return self._worker.process.exitcode
+        except ValueError:
+            return self._worker.exitcode
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None and bool(self._call("is_alive"))
+
+    def join(self, timeout: float | None = None) -> None:
+        if self.exitcode is None:
+            self._call("join", timeout)
+
+    def terminate(self) -> None:
+        if self.exitcode is None:
+            self._call("terminate")
 
 
 class ProcessWorkers:
@@ -169,6 +209,7 @@ class ProcessWorkers:
                 daemon=True,
             )
             w.process.start()
+            w.pid = w.process.pid
         for w in self._workers:  # the parent keeps its own ends only
             for end in w.child_ends:
                 end.close()
@@ -191,6 +232,10 @@ class ProcessWorkers:
     @property
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers]
+
+    def processes(self) -> list[WorkerProcess]:
+        """The worker processes, by worker id."""
+        return [WorkerProcess(w) for w in self._workers]
 
     # -- the loader's side ----------------------------------------------------------------
     def submit(
@@ -288,6 +333,7 @@ class ProcessWorkers:
             if w.process.is_alive():  # busy in user code, or stuck
                 w.process.kill()
                 w.process.join()
+            w.exitcode = w.process.exitcode
             w.process.close()
         # A write to a worker that was stuck with a full pipe failed when it was killed.
         self._sender.join()
@@ -397,13 +443,13 @@ class ProcessWorkers:
             return
         worker.process.join(_GRACE_S)
         code = worker.process.exitcode
-        how = f"exit code {code}"
-        if code is not None and code < 0:
-            how = f"signal {signal.Signals(-code).name}"
-        error = WorkerFailure(
-            f"DataLoader worker process {worker.wid} (pid {worker.process.pid}) "
-            f"exited unexpectedly ({how})"
-        )
+        where = f"DataLoader worker (pid {worker.process.pid})"
+        if code is not None and code < 0:  # torch's wording, which scripts match
+            sig = signal.Signals(-code)
+            what = f"{where} is killed by signal: {signal.strsignal(sig)} ({sig.name})"
+        else:
+            what = f"{where} exited unexpectedly with exit code {code}"
+        error = WorkerFailure(f"{what}; it was worker process {worker.wid}")
         worker.dead = error
         self._fail_worker(worker, error)
 

@@ -12,7 +12,7 @@ from typing import Any
 from ._aggregator import Aggregator
 from ._channel import Channel
 from ._failures import FailureBudget
-from ._hooks import TaskHook
+from ._hooks import TaskHook, hooked_sync
 from ._ops import OpKind
 from ._thread_stage import ThreadStage
 
@@ -60,7 +60,14 @@ class AggregateStage(ThreadStage):
     def flush(self) -> Iterable[Any]:
         if self.drop_last:
             return []
-        out = self.aggregator.flush()
+        if not self.hooks:
+            out = self.aggregator.flush()
+        else:  # as in SPDL, the end-of-stream flush is one more task for the task hooks
+            flush, close = hooked_sync(lambda _: self.aggregator.flush(), self.hooks, False)
+            try:
+                out = flush(None)
+            finally:
+                close()
         return [] if out is None else [out]
 
 

@@ -13,6 +13,7 @@ pipeline; nothing here keeps state between builds except what the autotuner reme
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -46,6 +47,10 @@ from ._source import on_loop as source_on_loop
 from ._thread_stage import ThreadStage
 
 __all__ = ["build", "build_pipeline", "queue_capacity"]
+
+# Numbers the pipelines built in this process, for the names a queue_class observer gets
+# ("pipeline:stage:name", SPDL's form, which its users parse).
+_pipeline_ids = itertools.count()
 
 
 def queue_capacity(workers: int, batched: bool) -> int:
@@ -155,11 +160,19 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
     workers = [_workers(s, options.num_threads) for s in config.stages]
     queues: list[AsyncQueue] = []
 
-    def new_channel(capacity: int, name: str, refill_at: int | None = None) -> Channel[Any]:
+    pipeline_id = next(_pipeline_ids)
+
+    def new_channel(
+        capacity: int, name: str, index: int, refill_at: int | None = None
+    ) -> Channel[Any]:
+        """The channel out of node ``index`` (0: the source); an observer queue, if asked,
+        is named as SPDL names the queue out of a stage: ``pipeline:stage_id+index:name``."""
         if options.queue_class is None:
             return Channel(capacity, name=name, refill_at=refill_at)
+        writer = config.stages[index - 1].label() if index else "src"
+        qname = f"{pipeline_id}:{options.stage_id + index}:{writer}"
         queues.append(
-            make_queue(options.queue_class, name, capacity, options.report_stats_interval)
+            make_queue(options.queue_class, qname, capacity, options.report_stats_interval)
         )
         return ObservedChannel(capacity, name, queues[-1], refill_at=refill_at)
 
@@ -196,13 +209,13 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
         sized = min(workers[i], 4) if few else workers[i]
         capacity = own or options.queue_size or queue_capacity(sized, batched=depth > 0)
         refill = capacity // 2 if crosses(i) else None
-        channels.append(new_channel(capacity, f"{i + 1}:{spec.label()} input", refill))
+        channels.append(new_channel(capacity, f"{i + 1}:{spec.label()} input", i, refill))
         if isinstance(spec, AggregateConfig):
             depth += 1
         elif isinstance(spec, DisaggregateConfig):
             depth = max(depth - 1, 0)
     sink_refill = config.buffer_size // 2 if crosses(len(config.stages)) else None
-    channels.append(new_channel(config.buffer_size, "sink", sink_refill))
+    channels.append(new_channel(config.buffer_size, "sink", len(config.stages), sink_refill))
     background_tasks = list(options.background_tasks)
     if queues:
         background_tasks.append(queue_hooks_task(queues))
@@ -213,7 +226,9 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
         inbox, outbox = channels[i], channels[i + 1]
         hooks: list[TaskHook] = []
         if options.task_hook_factory is not None:
-            infos = options.task_hook_factory(StageInfo(name, i + 1, options.stage_id))
+            infos = options.task_hook_factory(
+                StageInfo(name, i + 1, options.stage_id, pipeline_id=pipeline_id)
+            )
             hooks = check_hooks(infos, name)
         node: Node
         if isinstance(spec, RegionConfig):

@@ -29,7 +29,7 @@ def check_max_failures(value: object, where: str) -> MaxFailures:
     if isinstance(value, Fraction):
         if not 0 < value <= 1:
             raise ValueError(
-                f"{where}: max_failures={value} is a failure rate and must be in (0, 1], "
+                f"{where}: max_failures={value} is a failure rate and must be in range (0, 1], "
                 "e.g. Fraction(1, 10) for 10%"
             )
         return value

@@ -36,18 +36,57 @@ __all__ = [
 _LG = logging.getLogger("torch_spdl.pipeline")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class StageInfo:
     """What a ``task_hook_factory`` learns about the stage it makes hooks for.
 
     ``name`` is the stage's name as in ``get_stats()`` (``"2:decode"``), ``index`` its
     position (1 for the first stage after the source), ``stage_id`` the ``stage_id`` given
-    to ``build``.
+    to ``build``. SPDL 0.8 describes a stage by ``pipeline_id``, ``stage_id`` and
+    ``stage_name`` (and ``concurrency``); those keywords are accepted too, and
+    ``stage_name`` reads the name, so a hook written for either works.
+
+    Args:
+        name: the stage's name (``stage_name=`` in SPDL's spelling).
+        index: the stage's position.
+        stage_id: the ``stage_id`` given to ``build``.
+        pipeline_id: which pipeline of the process (SPDL's field).
+        concurrency: the stage's concurrency, when known (SPDL's field).
     """
 
     name: str
     index: int
-    stage_id: int = 0
+    stage_id: int | str
+    pipeline_id: int
+    concurrency: int | None
+
+    def __init__(
+        self,
+        name: str | None = None,
+        index: int = 0,
+        stage_id: int | str = 0,
+        *,
+        pipeline_id: int = 0,
+        stage_name: str | None = None,
+        concurrency: int | None = None,
+    ) -> None:
+        if name is None:
+            if stage_name is None:
+                raise TypeError("StageInfo needs the stage's name (name= or stage_name=)")
+            name = stage_name
+        for field, value in (
+            ("name", name),
+            ("index", index),
+            ("stage_id", stage_id),
+            ("pipeline_id", pipeline_id),
+            ("concurrency", concurrency),
+        ):
+            object.__setattr__(self, field, value)
+
+    @property
+    def stage_name(self) -> str:
+        """The stage's name (SPDL's spelling of :attr:`name`)."""
+        return self.name
 
     def __str__(self) -> str:
         return self.name
@@ -88,12 +127,18 @@ class TaskPerfStats:
 
 
 class TaskStatsHook(TaskHook):
-    """Counts a stage's tasks and times the successful ones; logs them when the stage ends.
+    """Counts a stage's tasks and times the successful ones; logs them when the stage ends,
+    and every ``interval`` seconds while it runs.
+
+    The periodic report covers the tasks since the previous one and goes to
+    :meth:`interval_stats_callback` (override it to send the figures elsewhere; by default
+    it logs them). It is made by a thread of the hook's own, started when the stage starts
+    and joined when it ends, since a sync stage runs its hooks on worker threads, not on an
+    event loop that keeps running.
 
     Args:
         info: the stage.
-        interval: accepted for SPDL compatibility; periodic reports come from
-            ``build(report_stats_interval=...)``.
+        interval: seconds between periodic reports; 0 or less: none (default).
     """
 
     def __init__(self, info: StageInfo | str, interval: float = -1) -> None:
@@ -102,22 +147,68 @@ class TaskStatsHook(TaskHook):
         self.num_tasks = 0
         self.num_success = 0
         self.ave_time = 0.0
+        self._lap = TaskPerfStats(0, 0, 0.0)  # the totals at the previous periodic report
         # a sync stage's workers are threads, each running this hook: count under a lock
         self._lock = threading.Lock()
 
     @contextlib.asynccontextmanager
     async def stage_hook(self) -> AsyncIterator[None]:
+        done = threading.Event()
+        reporter = None
+        if self.interval > 0:
+            reporter = threading.Thread(
+                target=self._report_every_interval,
+                args=(done,),
+                name=f"torch_spdl-task-stats-{self.info}",
+                daemon=True,
+            )
+            reporter.start()
         try:
             yield
         finally:
-            stats = self.stats()
-            _LG.info(
-                "[%s] completed %d tasks (%d failed), mean task time %.3g s",
-                self.info,
-                stats.num_tasks,
-                stats.num_failures,
-                stats.ave_time,
-            )
+            done.set()
+            if reporter is not None:
+                reporter.join()
+            self._log(self.stats(), "completed")
+
+    def _report_every_interval(self, done: threading.Event) -> None:
+        while not done.wait(self.interval):
+            try:
+                asyncio.run(self._log_interval_stats())
+            except Exception:  # a report must never take the stage down
+                _LG.exception("[%s] the periodic task-stats report failed", self.info)
+
+    async def _log_interval_stats(self) -> None:
+        """One periodic report: the tasks since the previous one."""
+        await self.interval_stats_callback(self._lap_stats())
+
+    def _lap_stats(self) -> TaskPerfStats:
+        with self._lock:
+            total, success, ave = self.num_tasks, self.num_success, self.ave_time
+        last = self._lap
+        last_success = last.num_tasks - last.num_failures
+        tasks, successes = total - last.num_tasks, success - last_success
+        lap_ave = (ave * success - last.ave_time * last_success) / successes if successes else 0.0
+        self._lap = TaskPerfStats(total, total - success, ave)
+        return TaskPerfStats(tasks, tasks - successes, max(lap_ave, 0.0))
+
+    async def interval_stats_callback(self, stats: TaskPerfStats) -> None:
+        """Receives each periodic report (the tasks since the previous one); logs it.
+
+        Args:
+            stats: the figures of the interval.
+        """
+        self._log(stats, "in the last interval")
+
+    def _log(self, stats: TaskPerfStats, when: str) -> None:
+        _LG.info(
+            "[%s] %s %d tasks (%d failed), mean task time %.3g s",
+            self.info,
+            when,
+            stats.num_tasks,
+            stats.num_failures,
+            stats.ave_time,
+        )
 
     @contextlib.asynccontextmanager
     async def task_hook(self, input_item: Any = None) -> AsyncIterator[None]:

@@ -6,6 +6,7 @@ import contextlib
 import os
 import weakref
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any, Generic, NoReturn, TypeVar
 
 from ._channel import EOF, Channel, ChannelAborted
@@ -81,7 +82,8 @@ class Pipeline(Generic[T]):
     def stop(self, *, timeout: float | None = None) -> None:
         """Stop every stage and join every thread; the pipeline is unusable afterwards.
 
-        Stopping a pipeline that never started does nothing. For a pipeline started
+        Stopping a pipeline that never started does nothing (it can still be started
+        afterwards); stopping it again is a no-op too. For a pipeline started
         explicitly, raises the :class:`PipelineFailure` if it failed, on every call.
 
         Args:
@@ -89,6 +91,8 @@ class Pipeline(Generic[T]):
                 thread still inside an op is left to finish as a daemon, named in a
                 warning).
         """
+        if self._runtime.state == "new":
+            return  # never started: nothing to stop, and it can still be started (SPDL)
         self._runtime.shutdown(timeout, keep_sink=self._explicit)
         # Stopped: nothing is left for the finalizer to do, and kept, it would keep the
         # runtime, its failure, the failure's traceback and every frame and batch that
@@ -254,10 +258,31 @@ class Pipeline(Generic[T]):
         """
         self.trace().plot(path, bin_seconds=bin_seconds)
 
+    @property
+    def _impl(self) -> SimpleNamespace:
+        """SPDL's own tests check a pipeline's background run through its internals
+        (``pipeline._impl._event_loop.is_started()`` / ``.is_task_completed()``); this view
+        of the current run answers them. It holds the run, not the pipeline, so the
+        pipeline can still be collected (and its run stopped) while the view is kept."""
+        return SimpleNamespace(_event_loop=_RunView(self._runtime))
+
     def stop_source(self) -> None:
         """Stop, without raising: what a pipeline that this one feeds calls as it stops
         (:class:`StoppableSource`)."""
         self._runtime.shutdown()
+
+
+class _RunView:
+    """Whether a run started, and whether it has finished (see ``Pipeline._impl``)."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    def is_started(self) -> bool:
+        return self._runtime.state != "new"
+
+    def is_task_completed(self) -> bool:
+        return self._runtime.state == "stopped"
 
 
 def _raise(failure: PipelineFailure | None) -> NoReturn:

@@ -220,7 +220,7 @@ class Runtime:
             # Recorded even while stopping: an op that fails as ``stop()`` joins its thread
             # still failed, and ``stop()`` reports every error once the threads are joined.
             name = node.name if node is not None else "engine"
-            error.add_note(f"torch_spdl: stage {name!r} failed the pipeline")
+            error.add_note(f"Pipeline stage: {name} (torch_spdl: this stage failed the pipeline)")
             self._errors.append((name, error, num_failures))
             if self._state == "stopped":
                 return
