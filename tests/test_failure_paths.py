@@ -188,6 +188,17 @@ class _ExitsAt(Dataset):
         return torch.full((1024,), i)
 
 
+def _settled(before: set[threading.Thread]) -> None:
+    """Wait for the threads the loaders started (those not in ``before``) to end. A stopping
+    epoch waits a bounded time for its threads (so that a stuck one never delays the loop)
+    and lets a slow one finish its teardown behind; on a loaded machine that teardown can
+    still be running when the loop goes on, so what is left behind is counted once they
+    are done."""
+    for thread in set(threading.enumerate()) - before:
+        if thread.name.startswith("torch_spdl"):
+            thread.join()
+
+
 def _arena_maps() -> int:
     with open("/proc/self/maps") as maps:
         return sum("torch_spdl-batch" in line for line in maps)
@@ -202,6 +213,7 @@ def test_failed_loaders_leave_no_descriptor_or_mapping(options: dict) -> None:
     from torch_spdl.data import WorkerFailure
 
     fds, maps = _fds(), _arena_maps()
+    threads = set(threading.enumerate())
     refs, errors = [], []
     gc.collect()
     gc.disable()
@@ -215,6 +227,7 @@ def test_failed_loaders_leave_no_descriptor_or_mapping(options: dict) -> None:
                     next(it)
             errors.append(caught.value)
             del it, loader, caught
+        _settled(threads)
         assert [r for r in refs if r() is not None] == []
         assert (_fds(), _arena_maps()) == (fds, maps)
     finally:

@@ -93,7 +93,7 @@ class Runtime:
 
     # -- registration (called by nodes from launch) -------------------------------------
     def spawn_thread(self, target: Callable[[], None], name: str) -> None:
-        self._threads.append(threading.Thread(target=target, name=name, daemon=True))
+        self._threads.append(self._owned_thread(target, name))
 
     def spawn_task(self, factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
         self._task_factories.append(factory)
@@ -104,10 +104,34 @@ class Runtime:
         with self._lock:
             if self._state != "running":
                 return False
-            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread = self._owned_thread(target, name)
             self._threads.append(thread)
             thread.start()
         return True
+
+    def _owned_thread(self, target: Callable[[], None], name: str) -> threading.Thread:
+        """A thread of this runtime. One that outlives shutdown's bounded join (an op still
+        running) clears the recorded errors' frames itself when it ends: shutdown could not,
+        as their frames were still executing, and until cleared they hold the items (and
+        the batch arenas) that the stage worked on."""
+
+        def run() -> None:
+            try:
+                target()
+            finally:
+                if self._state == "stopped":
+                    self._clear_error_frames()
+
+        return threading.Thread(target=run, name=name, daemon=True)
+
+    def _clear_error_frames(self) -> None:
+        with self._lock:
+            errors = [error for _, error, _ in self._errors]
+        for error in errors:
+            # The frames in the errors' tracebacks keep their lines (for the report) but
+            # drop their locals, which hold the stages, this runtime and the items they
+            # worked on; a frame still executing is skipped.
+            traceback.clear_frames(error.__traceback__)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -133,9 +157,7 @@ class Runtime:
                 self._loop.set_default_executor(
                     ThreadPoolExecutor(thread_name_prefix="torch_spdl_async")
                 )
-                loop_thread = threading.Thread(
-                    target=self._run_loop, name="torch_spdl-loop", daemon=True
-                )
+                loop_thread = self._owned_thread(self._run_loop, "torch_spdl-loop")
                 self._threads.append(loop_thread)
                 if self._background:
                     # Background tasks (a queue class's stage hooks among them) take their
@@ -294,13 +316,7 @@ class Runtime:
                     thread.name,
                     join_timeout,
                 )
-        with self._lock:
-            errors = [error for _, error, _ in self._errors]
-        for error in errors:
-            # The stage threads have returned: the frames in the errors' tracebacks keep
-            # their lines (for the report) but drop their locals, which hold the stages,
-            # this runtime and the items they worked on.
-            traceback.clear_frames(error.__traceback__)
+        self._clear_error_frames()  # the threads have returned (a late one clears at its end)
 
     def _cancel_main(self) -> None:
         if self._main_task is not None:
