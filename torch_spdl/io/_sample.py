@@ -71,8 +71,8 @@ def _table(packets: Packets) -> _Table | None:
     pts = [pk[i].pts for i in order]
     if len(set(pts)) != len(pts):
         return None
-    seconds = float(tb)
-    times = [v * seconds for v in pts]
+    num, den = tb.numerator, tb.denominator  # as PyAV's frame.time computes it
+    times = [v * num / den for v in pts]
     if packets.window is not None:
         lo, hi = packets.window
         keep = [j for j, t in enumerate(times) if lo <= t < hi]
@@ -81,7 +81,7 @@ def _table(packets: Packets) -> _Table | None:
     if not order:
         return None
     last = pk[order[-1]]
-    end = times[-1] + (last.duration * seconds if last.duration else 0.0)
+    end = times[-1] + (last.duration * num / den if last.duration else 0.0)
     keys = [i for i, p in enumerate(pk) if p.is_keyframe]
     return _Table(order, times, end, keys)
 
