@@ -12,12 +12,13 @@ from ._buffers import BufferPool
 from ._convert import convert_frames
 from ._decode import decode_packets, image_options
 from ._demux import demux_audio, demux_image, demux_video
+from ._direct import decode_direct, direct_codec
 from ._errors import MediaError
 from ._filter import as_reformat
 from ._filter_desc import get_audio_filter_desc, get_video_filter_desc
 from ._frames import ImageFrames, VideoFrames
+from ._image_size import declared_size
 from ._input import Source, describe, read_bytes
-from ._jpeg import decode_jpeg, is_jpeg, jpeg_size
 from ._limits import DEFAULT_MAX_PIXELS, check_size, decoder_limit
 from ._sample import count_frames, draw_start, sample_decode_video
 
@@ -59,11 +60,13 @@ def decode_image(
     label = describe(src)
     data = read_bytes(src, label)
     reformat = as_reformat(desc)
-    size = jpeg_size(data) if reformat is not None and is_jpeg(data) else None
-    if reformat is not None and size is not None:  # the common case: a JPEG, resized
+    codec = direct_codec(data) if reformat is not None else None
+    size = declared_size(data) if codec is not None else None
+    if reformat is not None and codec is not None and size is not None:
+        # the common case: a JPEG or PNG, resized and converted: no container (_direct)
         check_size(label, *size, max_pixels)
-        options = image_options("mjpeg", *size, desc, decoder_limit(max_pixels, *size))
-        frame = reformat.apply(decode_jpeg(data, label, options))
+        options = image_options(codec, *size, desc, decoder_limit(max_pixels, *size))
+        frame = reformat.apply(decode_direct(codec, data, label, options))
         return ImageFrames(label, [frame])
     packets = demux_image(data, name=label, max_pixels=max_pixels)
     frames = decode_packets(packets, filter_desc=desc)
