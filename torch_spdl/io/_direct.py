@@ -40,7 +40,7 @@ def decode_direct(
     image cannot affect the next one. Raises :class:`MediaError` naming ``label``.
     """
     try:
-        ctx = av.CodecContext.create(codec, "r")
+        ctx: Any = av.CodecContext.create(codec, "r")
         ctx.options = options
         frames = ctx.decode(av.Packet(bytes(data)))
         frames += ctx.decode(None)
