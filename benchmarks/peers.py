@@ -42,7 +42,6 @@ then run the same FFmpeg build, which makes the video comparison like for like.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import os
 import statistics
@@ -58,6 +57,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from _measure import CpuMeter, Result, Spec  # noqa: E402
+from engine import _anoop, _asleep, _noop, _sleep  # noqa: E402  (engine.py's stage ops)
 
 GROUP = "peers"
 CLIP = dict(width=320, height=240, seconds=10, fps=30, gop=30)
@@ -311,24 +311,6 @@ def jpeg(contender: str, jpegs: str) -> dict[str, Any]:
 
 
 # -- engine and I/O -------------------------------------------------------------------------
-
-
-def _noop(x: int) -> int:
-    return x
-
-
-async def _anoop(x: int) -> int:
-    return x
-
-
-def _sleep(x: int) -> int:
-    time.sleep(0.01)
-    return x
-
-
-async def _asleep(x: int) -> int:
-    await asyncio.sleep(0.01)
-    return x
 
 
 def _spdl_run(n: int, fn: Callable[..., Any], stages: int, concurrency: int) -> int:
