@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
+import math
 import os
 import statistics
 import sys
@@ -429,7 +431,7 @@ def _rate(r: Result | None) -> float:
 
 
 def _cpu_ms(r: Result | None) -> float:
-    return _med(r, lambda s: 1000 * s.cpu_s / s.samples)
+    return _med(r, lambda s: 1000 * s.cpu_s / s.samples if s.samples else math.nan)
 
 
 def _spread(values: list[float], digits: int) -> str:
@@ -516,7 +518,7 @@ def tables(results: list[Result], skipped: list[str] | None = None) -> list[str]
             if r is None:
                 continue
             rates = [s.rate for s in r.runs]
-            cpu = [1000 * s.cpu_s / s.samples for s in r.runs]
+            cpu = [1000 * s.cpu_s / s.samples if s.samples else math.nan for s in r.runs]
             peak = [s.peak_mib for s in r.runs]
             lines.append(
                 f"| {name} | {what} | {_spread(rates, 1 if workload == 'video' else 0)} | "
@@ -566,7 +568,8 @@ def spdl_io_libraries(tmp: Path) -> str | None:
     forkserver starts), or None when there is nothing to link."""
     import subprocess
 
-    probe = "import spdl.io.lib as l; l._libspdl.__name__"  # loads the native module
+    # spdl.io imports its native module lazily: reading one of its functions loads it
+    probe = "from spdl.io.lib import _libspdl; _libspdl.make_demuxer"
     env = dict(os.environ)
     if subprocess.run([sys.executable, "-c", probe], capture_output=True, env=env).returncode == 0:
         return None
@@ -616,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
         data, notes = prepare(Path(tmp), args.quick)
         specs, skipped = plan(args.quick, data, args.only)
         results = measure_all(specs, repeats, desc="peer runs")
+    raw = [[r.spec.label, r.spec.impl, [vars(s) for s in r.runs], r.error] for r in results]
+    print("raw:", json.dumps(raw), flush=True)  # the figures, whatever the tables make of them
     print(f"\n{'quick' if args.quick else 'full'} mode, median (min-max) of {repeats} rounds")
     for note in notes:
         print(f"- {note}")
