@@ -42,6 +42,7 @@ then run the same FFmpeg build, which makes the video comparison like for like.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
 import json
 import math
@@ -380,8 +381,18 @@ def _timed(run: Callable[[], int]) -> dict[str, Any]:
     return {"samples": count, "seconds": seconds, "first_batch_s": None, "cpu_s": meter.cpu_s}
 
 
+# imported before any clock starts, by every contender alike (torchvision's transforms
+# and the peers take 0.1-0.5 s to import: inside the timed section that would be most of a
+# quick run)
+PRELOAD = ["torchvision.io", "torchvision.transforms.v2.functional", "spdl.io", "spdl.pipeline"]
+PRELOAD += ["torchdata.nodes", "PIL.Image"]
+
+
 def case(workload: str, contender: str, **kwargs: Any) -> dict[str, Any]:
     """One run of one contender (``_cases.peer_case`` calls this in a fresh process)."""
+    for module in PRELOAD:
+        if installed(module.split(".")[0]):
+            importlib.import_module(module)
     if workload == "video":
         return video(contender, kwargs["clips"])
     if workload == "jpeg":
