@@ -118,3 +118,10 @@ def engine_case(name: str, n: int) -> dict:
     rate = fns[name](n)
     meter.stop()  # also counts building the pipeline (about a millisecond)
     return {"samples": n, "seconds": n / rate, "first_batch_s": None, "cpu_s": meter.cpu_s}
+
+
+def peer_case(**kwargs: Any) -> dict:
+    """One run of ``peers.py``: a contender of one workload (torch_spdl or a peer)."""
+    import peers
+
+    return peers.case(**kwargs)

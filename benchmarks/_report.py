@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import peers
 import swap
 from _measure import Result, Sample
 
@@ -89,8 +90,18 @@ GROUPS: dict[str, Group] = {
         "of a batch) unless the row names `train` (a small CNN's step per batch) or `gpu` "
         "(2 ms holding the GIL, then 8 ms waiting without it).",
     ),
+    "peers": Group(
+        "Side by side with the peers: SPDL 0.8, torchdata 0.11, plain PyAV and torchvision",
+        "",
+        "items",
+        "`benchmarks/peers.py` (its docstring says what each contender runs): sampled "
+        "video decoding, a JPEG pipeline, the engine with no-op stages, and 10 ms of I/O "
+        "per item, each contender in fresh processes, alternated. The last table holds "
+        "the targets of issue 30, judged on the medians. A peer that is not installed is "
+        "skipped and named.",
+    ),
 }
-NAMED = ("engine", "swap")  # groups with their own tables, outside the paired sweeps
+NAMED = ("engine", "swap", "peers")  # groups with their own tables, outside the paired sweeps
 
 
 # -- numbers --------------------------------------------------------------------------------
@@ -422,6 +433,7 @@ def write_report(
             "Swap the import: torch_spdl / torch per cell",
             lambda p: swap.plot(p, results),
         ),
+        ("peers.png", "Side by side with the peers", lambda p: peers.plot(p, results)),
     ]
     made = [(name, title) for name, title, draw in plots if draw(out / name)]
     for key, g in GROUPS.items():
@@ -432,6 +444,8 @@ def write_report(
             md += _engine_table(results)
         elif key == "swap":
             md += swap.tables(results)
+        elif key == "peers":
+            md += peers.tables(results)
         else:
             md += _paired_table(results, key)
         md.append("")

@@ -6,7 +6,8 @@
 Runs the cases of ``engine.py``, ``dataloader.py`` and ``image_decode.py`` side by side with
 torch's DataLoader, sweeping concurrency (1, 2, 4, 8) and batch size (32, 128, 512), and
 ``swap.py``'s cells (the same script with either DataLoader, the ``touch`` consumer; quick
-mode: 2 workers only, smaller datasets, no thread rows), each
+mode: 2 workers only, smaller datasets, no thread rows) and ``peers.py``'s workloads
+(SPDL, torchdata, PyAV, torchvision side by side), each
 configuration ``--repeats`` times in a fresh process (see ``_measure.py`` for what is
 measured and how), and writes ``REPORT.md`` with tables (median and min-max) and PNG plots
 to ``--out`` (default ``benchmarks/report/``). A progress bar shows the runs.
@@ -24,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the per-topic benchmarks and helpers beside this script
 
 import image_decode  # noqa: E402
+import peers  # noqa: E402
 import swap  # noqa: E402
 from _measure import Spec, machine, measure_all  # noqa: E402
 from _report import GROUPS, write_report  # noqa: E402
@@ -96,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         jpegs = 256 if args.quick else 1536
         image_decode.write_photo_folder(Path(tmp), jpegs)
         specs = [s for s in plan(args.quick, tmp, jpegs) if args.only in s.group]
+        if args.only in "peers":  # its clips and JPEGs take a while to make: only if run
+            (Path(tmp) / "peers").mkdir()
+            data, _ = peers.prepare(Path(tmp) / "peers", args.quick)
+            specs += peers.plan(args.quick, data)[0]
         results = measure_all(specs, repeats)
     elapsed = time.perf_counter() - t0
     report = write_report(

@@ -93,3 +93,36 @@ def test_report_has_the_swap_tables_and_plot(tmp_path: Path) -> None:
     assert "| throughput (higher is better) | 6 |" in text  # the summary counts the swap cells
     assert (tmp_path / "swap_ratios.png").stat().st_size > 1000
     assert "](swap_ratios.png)" in text
+
+
+def _peer(workload: str, impl: str, rates: list[float], cpu_s: float = 1.0) -> Result:
+    spec = Spec("peers", impl, 0, "peer_case", (("workload", workload),), label=workload)
+    runs = [Sample(samples=int(r), seconds=1.0, cpu_s=cpu_s, peak_mib=300.0) for r in rates]
+    return Result(spec, runs)
+
+
+def test_peers_section_judges_each_target_on_medians(tmp_path: Path) -> None:
+    import peers
+
+    results = [
+        _peer("video", "torch_spdl", [30, 31, 33], cpu_s=0.9),
+        _peer("video", "spdl", [20, 21, 22], cpu_s=1.2),  # 1.48x, more CPU: met twice
+        _peer("video", "pyav seek", [28, 29, 30], cpu_s=0.8),  # 1.07x, less CPU: not met
+        _peer("jpeg", "torch_spdl", [1000, 1010, 1020]),
+        _peer("jpeg", "torch_spdl + torchvision", [500, 510, 520]),
+        _peer("jpeg", "torch_spdl + torchvision, 1 thread", [950, 960, 970]),  # the best
+    ]
+    lines = peers.tables(results, ["engine: spdl sync skipped (spdl is not installed)"])
+    verdicts = {t: v for t, _, v in peers.targets(results)}
+    assert verdicts["video: clips/s >= 1.2x spdl"] == "met"
+    assert verdicts["video: CPU per clip < spdl"] == "met"
+    assert verdicts["video: clips/s >= 1.2x pyav seek"] == "not met"
+    assert verdicts["video: CPU per clip < pyav seek"] == "not met"
+    jpeg = "jpeg: >= 1.1x same engine + torchvision (best: torch_spdl + torchvision, 1 thread)"
+    assert verdicts[jpeg] == "not met"  # 1.05x the best variant, not 1.98x the worst
+    assert verdicts["engine sync: >= 1.2x torchdata (best: -)"] == "-"  # not measured
+    text = "\n".join(lines)
+    assert "spdl is not installed" in text and "31.0 (30.0-33.0)" in text
+    path = write_report(tmp_path, results, {"cores": "2"}, quick=True, repeats=3, elapsed_s=1.0)
+    assert "Side by side with the peers" in path.read_text()
+    assert (tmp_path / "peers.png").exists()

@@ -100,16 +100,23 @@ def test_png_matches_pil_exactly(png: bytes, tmp_path: Path) -> None:
     np.testing.assert_array_equal(tio.load_image(str(path)), _pil(png))
 
 
-@pytest.mark.parametrize("kind", ["baseline", "progressive", "gray", "1080p"])
+@pytest.mark.parametrize(
+    "kind", ["baseline", "progressive", "gray", "1080p", "png", "png-gray", "png-rgba", "png-16"]
+)
 @pytest.mark.parametrize("size", [None, (224, 224), (100, -1)])
-def test_jpeg_direct_decode_equals_container_path(kind: str, size: object, tmp_path: Path) -> None:
-    """decode_image feeds JPEG bytes straight to the decoder; the pixels must be those of
-    the general demux -> decode -> filter path, from bytes and from a path."""
+def test_direct_decode_equals_container_path(kind: str, size: object, tmp_path: Path) -> None:
+    """decode_image feeds JPEG and PNG bytes straight to the decoder (no container, so a
+    PNG is decoded once, not twice); the pixels must be those of the general demux ->
+    decode -> filter path, from bytes and from a path."""
     picture = _picture(1080, 1920) if kind == "1080p" else _picture(375, 500)
     img = Image.fromarray(picture)
+    mode = {"gray": "L", "png-gray": "L", "png-rgba": "RGBA", "png-16": "I;16"}.get(kind, "RGB")
     buf = io.BytesIO()
-    (img.convert("L") if kind == "gray" else img).save(
-        buf, "JPEG", quality=90, progressive=kind == "progressive"
+    (img.convert(mode) if mode != "RGB" else img).save(
+        buf,
+        "PNG" if kind.startswith("png") else "JPEG",
+        quality=90,
+        progressive=kind == "progressive",
     )
     data = buf.getvalue()
     w, h = size if isinstance(size, tuple) else (None, None)

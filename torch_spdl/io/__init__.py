@@ -3,12 +3,14 @@
 Two layers, the names of SPDL's ``spdl.io``:
 
 - building blocks: :func:`demux_image` / :func:`demux_video` / :func:`demux_audio` ->
-  :func:`decode_packets` (with a :func:`get_video_filter_desc` chain run inside FFmpeg) ->
+  :func:`decode_packets` (with a :func:`get_video_filter_desc` chain run inside FFmpeg), or
+  :func:`sample_decode_video` for some frames of a video ->
   :func:`convert_frames` (one contiguous NumPy buffer, reused from a :class:`BufferPool`
   if given) -> :func:`to_torch` (a view) ->
   :func:`transfer_tensor` (pinned memory, dedicated CUDA stream);
-- one call: :func:`load_image`, :func:`load_image_batch`, :func:`load_video`,
-  :func:`load_audio`.
+- one call: :func:`load_image`, :func:`load_image_batch`, :func:`load_video`
+  (whole, a window, or sampled frames by index or time), :func:`load_video_clip` (a random
+  clip for training), :func:`load_audio`.
 
 Every input that cannot be read raises :class:`MediaError`, naming the source; so does an
 image or video frame that declares more pixels than ``max_pixels`` (default
@@ -37,6 +39,7 @@ _LAZY = {
         "async_demux_image",
         "async_demux_video",
         "async_load_image_batch",
+        "async_sample_decode_video",
         "async_transfer_tensor",
     ),
     "_convert": ("convert_frames", "to_torch"),
@@ -44,7 +47,15 @@ _LAZY = {
     "_demux": ("Packets", "demux_audio", "demux_image", "demux_video"),
     "_frames": ("AudioFrames", "Frames", "ImageFrames", "VideoFrames"),
     "_input": ("Source",),
-    "_load": ("decode_image", "load_audio", "load_image", "load_image_batch", "load_video"),
+    "_load": (
+        "decode_image",
+        "load_audio",
+        "load_image",
+        "load_image_batch",
+        "load_video",
+        "load_video_clip",
+    ),
+    "_sample": ("sample_decode_video",),
 }
 _MODULE_OF = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -56,6 +67,7 @@ if TYPE_CHECKING:
         async_demux_image,
         async_demux_video,
         async_load_image_batch,
+        async_sample_decode_video,
         async_transfer_tensor,
     )
     from ._convert import convert_frames, to_torch
@@ -63,7 +75,15 @@ if TYPE_CHECKING:
     from ._demux import Packets, demux_audio, demux_image, demux_video
     from ._frames import AudioFrames, Frames, ImageFrames, VideoFrames
     from ._input import Source
-    from ._load import decode_image, load_audio, load_image, load_image_batch, load_video
+    from ._load import (
+        decode_image,
+        load_audio,
+        load_image,
+        load_image_batch,
+        load_video,
+        load_video_clip,
+    )
+    from ._sample import sample_decode_video
 
 
 def __getattr__(name: str) -> Any:
@@ -96,6 +116,7 @@ __all__ = [
     "async_demux_image",
     "async_demux_video",
     "async_load_image_batch",
+    "async_sample_decode_video",
     "async_transfer_tensor",
     "convert_frames",
     "cuda_config",
@@ -110,7 +131,9 @@ __all__ = [
     "load_image",
     "load_image_batch",
     "load_video",
+    "load_video_clip",
     "pick_lowres",
+    "sample_decode_video",
     "to_torch",
     "transfer_tensor",
 ]

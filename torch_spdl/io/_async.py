@@ -15,6 +15,7 @@ from ._demux import Packets, demux_audio, demux_image, demux_video
 from ._frames import Frames
 from ._input import Source
 from ._load import load_image_batch
+from ._sample import sample_decode_video
 from ._transfer import CUDAConfig, transfer_tensor
 
 
@@ -36,6 +37,11 @@ async def async_demux_audio(src: Source, **kwargs: Any) -> Packets:
 async def async_decode_packets(packets: Packets, **kwargs: Any) -> Frames:
     """:func:`decode_packets` on a thread."""
     return await asyncio.to_thread(decode_packets, packets, **kwargs)
+
+
+async def async_sample_decode_video(packets: Packets, *args: Any, **kwargs: Any) -> list[Any]:
+    """:func:`sample_decode_video` on a thread."""
+    return await asyncio.to_thread(sample_decode_video, packets, *args, **kwargs)
 
 
 async def async_convert_frames(frames: Frames | Sequence[Frames], **kwargs: Any) -> np.ndarray:

@@ -41,7 +41,7 @@ def image_options(
     return opts
 
 
-def _configure(packets: Packets, desc: str | None, options: dict[str, str] | None) -> Any:
+def configure_decoder(packets: Packets, desc: str | None, options: dict[str, str] | None) -> Any:
     """The stream's decoder with its options set; not opened yet, so nothing is decoded
     or allocated before the declared size has passed the pixel limit."""
     ctx = packets.stream.codec_context
@@ -105,7 +105,7 @@ def decode_packets(
     refuses a frame over it whose size shows up only while decoding.
     """
     try:
-        ctx = _configure(packets, filter_desc, decoder_options)
+        ctx = configure_decoder(packets, filter_desc, decoder_options)
         frames = _in_window(_decoded(packets, ctx), packets.window)
         if filter_desc:
             reformat = None if packets.media_type == "audio" else as_reformat(filter_desc)

@@ -1,20 +1,10 @@
-"""A fast path for JPEG images: feed the bytes straight to FFmpeg's MJPEG decoder.
+"""JPEG headers: whether bytes are a JPEG, and the size its frame header declares.
 
-Opening a container (``avformat_open_input``) probes the input format and builds demuxer
-state, which costs about as much as decoding a small JPEG. A JPEG file is a single packet,
-so when the bytes start with a JPEG marker we skip the container and hand the packet to
-the decoder ourselves. Its size comes from the frame header, parsed here, so that the
-``lowres`` option can still be chosen before decoding. The decoded frame is the same as
-through the container (tested).
+The size is read here, without decoding, so that the pixel limit is checked and the MJPEG
+``lowres`` option chosen before the image is decoded (``_direct`` decodes it).
 """
 
 from __future__ import annotations
-
-from typing import Any
-
-import av
-
-from ._errors import MediaError
 
 _SOI = b"\xff\xd8\xff"
 # Start-of-frame markers C0-CF carry the image size, except C4 (DHT), C8 (reserved) and CC (DAC).
@@ -53,21 +43,3 @@ def jpeg_size(data: bytes | bytearray | memoryview) -> tuple[int, int] | None:
             size = (width, height) if width and height else None
         i += 2 + length
     return None
-
-
-def decode_jpeg(data: bytes | bytearray | memoryview, label: str, options: dict[str, str]) -> Any:
-    """Decode one JPEG packet with a fresh MJPEG decoder; return the PyAV frame.
-
-    A new decoder per image (about 20 us) keeps no state between images, so a broken
-    image cannot affect the next one. Raises :class:`MediaError` naming ``label``.
-    """
-    try:
-        ctx = av.CodecContext.create("mjpeg", "r")
-        ctx.options = options
-        frames = ctx.decode(av.Packet(bytes(data)))
-        frames += ctx.decode(None)
-    except (av.FFmpegError, ValueError) as e:
-        raise MediaError(label, f"cannot decode: {e}") from e
-    if not frames:
-        raise MediaError(label, "no frame decoded")
-    return frames[0]
