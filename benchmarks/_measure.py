@@ -15,7 +15,18 @@ Measured for each run:
 - ``peak_mib``: peak of the memory of the run's process and all its descendants, sampled
   every 50 ms from the parent over the run's whole life: the summed PSS
   (``/proc/<pid>/smaps_rollup``; RSS where that is missing), plus the shared-memory files
-  (memfd, ``/dev/shm``) that a process of the tree holds open but none maps.
+  (memfd, ``/dev/shm``) that a process of the tree holds open but none maps. Only in the
+  *memory runs* (below); a timed run has none.
+
+Why memory is measured in runs of its own: reading ``smaps_rollup`` walks the page tables
+of a process, about 3 ms of CPU for one with torch imported, so sampling a training
+process and its two workers every 50 ms took about a fifth of a core from the run it
+measured. On 2 cores that decided the result: path strings with a training consumer ran
+at 15.0k samples/s (torch) and 13.7k (ours) sampled every 50 ms, and at 28.9k and 27.5k
+sampled every second, and a training step whose intra-op threads lose a core mid-region
+stalls far longer than the time taken from it. So :func:`measure_all` first runs every
+configuration once more with the sampler (its peak memory, nothing else, is kept), then
+the timed runs without it.
 
 Why the second term: PSS counts only pages mapped into some process. torch's workers put
 each batch in a shared-memory file and pass its descriptor; until the training loop takes
@@ -68,7 +79,7 @@ class Sample:
     samples: int
     seconds: float
     cpu_s: float
-    peak_mib: float
+    peak_mib: float | None = None  # a memory run's only (see the module's notes)
     first_batch_s: float | None = None
 
     @property
@@ -83,8 +94,13 @@ class Sample:
 @dataclass
 class Result:
     spec: Spec
-    runs: list[Sample] = field(default_factory=list)
+    runs: list[Sample] = field(default_factory=list)  # timed, without the memory sampler
+    memory_runs: list[Sample] = field(default_factory=list)  # sampled, not timed
     error: str | None = None
+
+    def peaks(self) -> list[float]:
+        """Peak memory of every run that sampled it, MiB."""
+        return [s.peak_mib for s in (*self.memory_runs, *self.runs) if s.peak_mib is not None]
 
 
 def _pss_kb(pid: int) -> int:
@@ -245,7 +261,9 @@ class Runner:
         finally:
             os.chdir(cwd)
 
-    def run(self, spec: Spec) -> Sample:
+    def run(self, spec: Spec, memory: bool = True) -> Sample:
+        """One run of ``spec`` in a fresh process; ``memory``: sample its peak memory (which
+        costs the run CPU: see the module's notes), else leave ``peak_mib`` None."""
         self._start_server()  # a no-op once it runs
         reader, writer = self.ctx.Pipe(duplex=False)
         args = (spec.fn, dict(spec.kwargs), writer, _origin())
@@ -253,7 +271,8 @@ class Runner:
         proc.start()
         writer.close()
         try:
-            with PeakMemory(proc.pid, self.sample_s) as mem:
+            sampler = PeakMemory(proc.pid, self.sample_s) if memory else None
+            with sampler or contextlib.nullcontext():
                 if not reader.poll(self.timeout):
                     raise TimeoutError(f"{spec} gave no result within {self.timeout:.0f} s")
                 status, out = reader.recv()
@@ -276,7 +295,7 @@ class Runner:
             samples=int(out["samples"]),
             seconds=float(out["seconds"]),
             cpu_s=float(out["cpu_s"]),
-            peak_mib=mem.peak_kb / 1024,
+            peak_mib=sampler.peak_kb / 1024 if sampler is not None else None,
             first_batch_s=out.get("first_batch_s"),
         )
 
@@ -296,20 +315,28 @@ def interleave(specs: list[Spec], repeats: int) -> list[Spec]:
 
 
 def measure_all(
-    specs: list[Spec], repeats: int, desc: str = "benchmark runs", sample_s: float = 0.05
+    specs: list[Spec],
+    repeats: int,
+    desc: str = "benchmark runs",
+    sample_s: float = 0.05,
+    memory_runs: int = 1,
 ) -> list[Result]:
-    """Every spec ``repeats`` times in ``interleave`` order, each in a fresh process, with a
-    progress bar; a spec that fails once is not run again and keeps its error."""
+    """Every spec ``memory_runs`` times with the memory sampler, then ``repeats`` times
+    timed without it, all in ``interleave`` order, each in a fresh process, with a progress
+    bar; a spec that fails once is not run again and keeps its error."""
     from tqdm import tqdm
 
     results = {s: Result(s) for s in specs}
     runner = Runner(sample_s=sample_s)
-    for spec in tqdm(interleave(specs, repeats), desc=desc, unit="run", dynamic_ncols=True):
+    order = [(s, True) for s in interleave(specs, memory_runs)]
+    order += [(s, False) for s in interleave(specs, repeats)]
+    for spec, memory in tqdm(order, desc=desc, unit="run", dynamic_ncols=True):
         result = results[spec]
         if result.error:
             continue
         try:
-            result.runs.append(runner.run(spec))
+            sample = runner.run(spec, memory)
+            (result.memory_runs if memory else result.runs).append(sample)
         except Exception as exc:  # keep going: the report names what failed
             result.error = str(exc)
             tqdm.write(f"FAILED: {exc}")

@@ -129,7 +129,12 @@ Metric = Callable[[Sample], float]
 METRICS: dict[str, tuple[str, Metric, bool, int]] = {
     # key: (column title, value of a run, higher is better, digits)
     "rate": ("{unit}/s", lambda s: s.rate, True, 0),
-    "peak": ("peak memory, MiB", lambda s: s.peak_mib, False, 0),
+    "peak": (
+        "peak memory, MiB",
+        lambda s: s.peak_mib if s.peak_mib is not None else float("nan"),
+        False,
+        0,
+    ),
     "cpu": (f"CPU, % of {CORES} cores", lambda s: s.cpu_pct(CORES), False, 0),
     "first": (
         "first batch, ms",
@@ -143,6 +148,8 @@ METRICS: dict[str, tuple[str, Metric, bool, int]] = {
 def _values(result: Result | None, metric: str) -> list[float]:
     if result is None or not result.runs:
         return []
+    if metric == "peak":  # from the memory runs (see _measure's notes)
+        return result.peaks()
     fn = METRICS[metric][1]
     return [fn(r) for r in result.runs]
 
@@ -382,8 +389,9 @@ def write_report(
         "all of a batch). It includes starting the workers, as each epoch of a loader "
         "without `persistent_workers` does.",
         "- **peak memory**: the peak of the summed PSS of the run's process and all its "
-        "children (torch's worker processes), sampled every 50 ms; it includes the ~300-400 "
-        "MiB of an interpreter with torch imported, shared fairly between processes.",
+        "children (torch's worker processes), sampled every 50 ms in a run of its own (the "
+        "sampler costs the run CPU, so the timed runs go without it); it includes the "
+        "~300-400 MiB of an interpreter with torch imported, shared fairly between processes.",
         f"- **CPU**: CPU time of the process and its children in the timed section, divided "
         f"by wall time and the {CORES} cores (100% = every core busy).",
         "- **first batch**: loader made, `iter()`, first `next()`.",

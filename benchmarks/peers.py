@@ -530,7 +530,7 @@ def tables(results: list[Result], skipped: list[str] | None = None) -> list[str]
                 continue
             rates = [s.rate for s in r.runs]
             cpu = [1000 * s.cpu_s / s.samples if s.samples else math.nan for s in r.runs]
-            peak = [s.peak_mib for s in r.runs]
+            peak = r.peaks()
             lines.append(
                 f"| {name} | {what} | {_spread(rates, 1 if workload == 'video' else 0)} | "
                 f"{_spread(cpu, 3 if workload in ('engine', 'io') else 1)} | {_spread(peak, 0)} |"
@@ -630,7 +630,10 @@ def main(argv: list[str] | None = None) -> int:
         data, notes = prepare(Path(tmp), args.quick)
         specs, skipped = plan(args.quick, data, args.only)
         results = measure_all(specs, repeats, desc="peer runs")
-    raw = [[r.spec.label, r.spec.impl, [vars(s) for s in r.runs], r.error] for r in results]
+    raw = [
+        [r.spec.label, r.spec.impl, [vars(s) for s in (*r.memory_runs, *r.runs)], r.error]
+        for r in results
+    ]
     print("raw:", json.dumps(raw), flush=True)  # the figures, whatever the tables make of them
     print(f"\n{'quick' if args.quick else 'full'} mode, median (min-max) of {repeats} rounds")
     for note in notes:
