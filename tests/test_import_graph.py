@@ -1,5 +1,6 @@
-"""The package's imports run one way: no cycle, ``TYPE_CHECKING`` imports included, and
-no module imports another package's private module.
+"""The package's imports run one way: no cycle, ``TYPE_CHECKING`` imports included, none
+among the folders (the private subpackages, which are layers), and no module imports
+another package's private module.
 
 Checked on the source (``scripts/import_cycles.py``), so a cycle shows up here even when
 it would only bite a type checker or a reader.
@@ -40,4 +41,15 @@ def test_no_module_imports_another_packages_private_module() -> None:
     assert module.private_crossings(root, planted) == [
         ("torch_spdl.data._epoch", "torch_spdl.pipeline._channel")
     ]
+    # a folder of pipeline importing a sibling folder's module stays inside pipeline
+    inside = {"torch_spdl.pipeline._a.x": {"torch_spdl.pipeline._b.y"}}
+    assert module.private_crossings(root, inside) == []
     assert module.private_crossings(root, graph) == []
+
+
+def test_the_folders_import_one_way() -> None:
+    module = _checker()
+    root = ROOT / "torch_spdl"
+    graph = module.build_graph(root)
+    folders = module.folder_graph(root, graph)
+    assert module.strongly_connected(folders) == []
