@@ -7,7 +7,7 @@ an async one, the regrouping and nested stages), shares the build-level failure 
 among the stages without one of their own, and wraps it all in a :class:`Pipeline`.
 ``build_pipeline`` is its public face, with ``build``'s keywords. Each call makes a fresh
 pipeline; nothing here keeps state between builds except what the autotuner remembers
-(``_autotune_memory``).
+(``_autotune/memory.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from . import _autotune_memory
 from ._aggregate import AggregateStage, DisaggregateStage
 from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_START, DEFAULT_START_COROUTINES, AutotuneConfig
+from ._autotune.memory import recall
 from ._background import BackgroundTaskFactory
 from ._channel import Channel
 from ._config import (
@@ -294,7 +294,7 @@ def _op_stage(
     own_limit = spec.max_failures is not None
     floor = min(spec.min_concurrency or 1, workers)
     default = DEFAULT_START_COROUTINES if kind.is_async else DEFAULT_START
-    start = spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or default
+    start = spec.initial_concurrency or recall(spec.tune_key) or default
     ordered = spec.output_order == "input"
     initial = max(floor, min(start, workers)) if spec.auto else workers
     max_failures = spec.max_failures if spec.max_failures is not None else -1

@@ -15,9 +15,9 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _autotune_memory
 from ._aggregator import Aggregator, Collate
-from ._autotune_config import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
+from ._autotune.memory import new_stage_id
+from ._autotune.vocabulary import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
 from ._failures import MaxFailures, check_max_failures
 from ._ops import OpKind, classify_op, op_name
 from ._placement import PlacementConfig
@@ -59,7 +59,7 @@ class PipeConfig:
     initial_concurrency: int | None = None
     # The stage id under which an autotuned stage's setting is kept for the next build of
     # this declaration (docs/autotune.md, "Keeping what was learnt").
-    tune_key: int = field(default_factory=_autotune_memory.new_stage_id, compare=False)
+    tune_key: int = field(default_factory=new_stage_id, compare=False)
     min_concurrency: int | None = None
 
     @property

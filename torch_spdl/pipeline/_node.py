@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._autotune_meter import StageMeter
+from ._autotune.meter import StageMeter
 from ._channel import Channel, ChannelAborted
 from ._errors import describe_item
 from ._failures import FailureBudget
