@@ -37,9 +37,9 @@ def test_no_module_imports_another_packages_private_module() -> None:
     root = ROOT / "torch_spdl"
     graph = module.build_graph(root)
     # the check itself sees a crossing: data importing one of pipeline's private modules
-    planted = {**graph, "torch_spdl.data._epoch": {"torch_spdl.pipeline._channel"}}
+    planted = {**graph, "torch_spdl.data._epoch": {"torch_spdl.pipeline._wire.channel"}}
     assert module.private_crossings(root, planted) == [
-        ("torch_spdl.data._epoch", "torch_spdl.pipeline._channel")
+        ("torch_spdl.data._epoch", "torch_spdl.pipeline._wire.channel")
     ]
     # a folder of pipeline importing a sibling folder's module stays inside pipeline
     inside = {"torch_spdl.pipeline._a.x": {"torch_spdl.pipeline._b.y"}}

@@ -23,7 +23,9 @@ from ._config import (
     PipeConfig,
     PipelineConfig,
 )
-from ._errors import PipelineFailure
+from ._core.errors import PipelineFailure
+from ._core.protocols import StoppableSource
+from ._core.stats import StageStats
 from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
 from ._pipeline import Pipeline
@@ -33,9 +35,7 @@ from ._priority import (
     PriorityThreadPoolExecutor,
 )
 from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, profile_pipeline
-from ._protocols import StoppableSource
 from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
-from ._stats import StageStats
 from ._subprocess import SubprocessError, iterate_in_subprocess
 from ._subprocess_pipeline import run_pipeline_in_subprocess
 from ._trace import (

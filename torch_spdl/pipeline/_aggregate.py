@@ -10,11 +10,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ._aggregator import Aggregator
-from ._channel import Channel
 from ._failures import FailureBudget
 from ._hooks import TaskHook, hooked_sync
 from ._ops import OpKind
 from ._thread_stage import ThreadStage
+from ._wire.channel import Channel
 
 __all__ = ["AggregateStage", "DisaggregateStage"]
 

@@ -21,14 +21,14 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ._channel import EOF, ChannelAborted
-from ._errors import describe_item
+from ._core.errors import describe_item
 from ._hooks import hooked_async
 from ._node import OpStage
 from ._ops import OpKind
+from ._wire.channel import EOF, ChannelAborted
 
 if TYPE_CHECKING:
-    from ._protocols import Supervisor
+    from ._core.protocols import Supervisor
 
 __all__ = ["AsyncStage"]
 

@@ -22,7 +22,6 @@ from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_START, DEFAULT_START_COROUTINES, AutotuneConfig
 from ._autotune.memory import recall
 from ._background import BackgroundTaskFactory
-from ._channel import Channel
 from ._config import (
     AggregateConfig,
     BuildOptions,
@@ -45,6 +44,7 @@ from ._runtime import Runtime
 from ._source import SourceNode
 from ._source import on_loop as source_on_loop
 from ._thread_stage import ThreadStage
+from ._wire.channel import Channel
 
 __all__ = ["build", "build_pipeline", "queue_capacity"]
 

@@ -45,16 +45,16 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._autotune.meter import StageMeter
-from ._channel import Channel, ChannelAborted
-from ._errors import describe_item
+from ._core.errors import describe_item
+from ._core.protocols import QueueReading, StageReading
+from ._core.stats import Counters, StageStats
 from ._failures import FailureBudget
 from ._ops import OpKind
-from ._protocols import QueueReading, StageReading
-from ._stats import Counters, StageStats
+from ._wire.channel import Channel, ChannelAborted
 
 if TYPE_CHECKING:
+    from ._core.protocols import StageTracer, Supervisor, TracedStage, TunableStage
     from ._hooks import TaskHook
-    from ._protocols import StageTracer, Supervisor, TracedStage, TunableStage
 
 __all__ = ["Node", "OpStage"]
 

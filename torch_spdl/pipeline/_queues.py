@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._channel import EMPTY, EOF, Channel
+from ._wire.channel import EMPTY, EOF, Channel
 
 __all__ = ["AsyncQueue", "ObservedChannel", "QueuePerfStats", "StatsQueue", "make_queue"]
 

@@ -22,12 +22,12 @@ from typing import Any
 
 from ._autotune import AutotuneConfig, Autotuner
 from ._background import BackgroundTaskFactory, run_background
-from ._channel import Channel
-from ._errors import PipelineFailure
-from ._protocols import Stage
-from ._stats import StatsReporter
+from ._core.errors import PipelineFailure
+from ._core.protocols import Stage
+from ._core.stats import StatsReporter
 from ._trace import PipelineTrace
 from ._tracer import Tracer
+from ._wire.channel import Channel
 
 __all__ = ["Runtime", "STOPPED"]
 

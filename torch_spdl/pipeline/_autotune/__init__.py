@@ -12,7 +12,7 @@
 This module is the tuner's face: the names the rest of the engine uses.
 """
 
-from .._protocols import QueueReading, StageReading, TunableStage
+from .._core.protocols import QueueReading, StageReading, TunableStage
 from .probes import cpu_count, read_rss
 from .rules import AutotuneController
 from .sampler import Autotuner

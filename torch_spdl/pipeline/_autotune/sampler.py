@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from .._protocols import StageReading, TunableStage
+from .._core.protocols import StageReading, TunableStage
 from . import memory
 from .probes import cpu_count, process_cpu_seconds, read_rss
 from .rules import AutotuneController

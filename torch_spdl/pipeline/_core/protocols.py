@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # data types only: neither module imports anything of the engine
-    from ._channel import Channel
-    from ._stats import StageStats
+    from .._wire.channel import Channel
+    from .stats import StageStats
 
 __all__ = [
     "InnerPipeline",
