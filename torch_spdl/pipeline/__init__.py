@@ -5,7 +5,6 @@ Mirrors ``spdl.pipeline``: code written for it keeps working after changing the 
 
 from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
 from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
-from ._background import BackgroundTask, BackgroundTaskFactory
 from ._build import build_pipeline
 from ._builder import PipelineBuilder
 from ._compat import (
@@ -26,16 +25,17 @@ from ._config import (
 from ._core.errors import PipelineFailure
 from ._core.protocols import StoppableSource
 from ._core.stats import StageStats
-from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
 from ._pipeline import Pipeline
-from ._priority import (
+from ._plugins.background import BackgroundTask, BackgroundTaskFactory
+from ._plugins.hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
+from ._plugins.priority import (
     PriorityExecutorEntrypoint,
     PriorityProcessPoolExecutor,
     PriorityThreadPoolExecutor,
 )
+from ._plugins.queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, profile_pipeline
-from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._subprocess import SubprocessError, iterate_in_subprocess
 from ._subprocess_pipeline import run_pipeline_in_subprocess
 from ._trace import (

@@ -11,8 +11,8 @@ from typing import Any
 
 from ._aggregator import Aggregator
 from ._failures import FailureBudget
-from ._hooks import TaskHook, hooked_sync
 from ._ops import OpKind
+from ._plugins.hooks import TaskHook, hooked_sync
 from ._thread_stage import ThreadStage
 from ._wire.channel import Channel
 

@@ -21,7 +21,6 @@ from ._aggregate import AggregateStage, DisaggregateStage
 from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_START, DEFAULT_START_COROUTINES, AutotuneConfig
 from ._autotune.memory import recall
-from ._background import BackgroundTaskFactory
 from ._config import (
     AggregateConfig,
     BuildOptions,
@@ -32,13 +31,14 @@ from ._config import (
     StageConfig,
 )
 from ._failures import FailureBudget, MaxFailures
-from ._hooks import StageInfo, TaskHook, check_hooks
 from ._nested import MergedSource, PathVariantsStage
 from ._node import Node, OpStage
 from ._ops import classify_op
 from ._pipeline import Pipeline
 from ._placement import PlacementConfig, RegionConfig, fuse_regions
-from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
+from ._plugins.background import BackgroundTaskFactory
+from ._plugins.hooks import StageInfo, TaskHook, check_hooks
+from ._plugins.queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
 from ._region import RegionStage
 from ._runtime import Runtime
 from ._source import SourceNode

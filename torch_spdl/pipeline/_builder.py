@@ -14,7 +14,6 @@ from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
 from ._aggregator import Aggregator
-from ._background import BackgroundTaskFactory
 from ._build import build
 from ._config import (
     BuildOptions,
@@ -28,11 +27,12 @@ from ._config import (
     aggregate_config,
 )
 from ._failures import MaxFailures, check_max_failures
-from ._hooks import StageInfo, TaskHook
 from ._ops import classify_op, op_name
 from ._pipeline import Pipeline
 from ._placement import PlacementConfig
-from ._queues import AsyncQueue
+from ._plugins.background import BackgroundTaskFactory
+from ._plugins.hooks import StageInfo, TaskHook
+from ._plugins.queues import AsyncQueue
 
 __all__ = ["PipelineBuilder"]
 

@@ -23,9 +23,9 @@ from ._ops import OpKind, classify_op, op_name
 from ._placement import PlacementConfig
 
 if TYPE_CHECKING:
-    from ._background import BackgroundTaskFactory
-    from ._hooks import StageInfo, TaskHook
-    from ._queues import AsyncQueue
+    from ._plugins.background import BackgroundTaskFactory
+    from ._plugins.hooks import StageInfo, TaskHook
+    from ._plugins.queues import AsyncQueue
 
 __all__ = [
     "AggregateConfig",

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ._hooks import StageInfo
 from ._node import Node
+from ._plugins.hooks import StageInfo
 from ._wire.channel import EOF, Channel, ChannelAborted
 
 if TYPE_CHECKING:

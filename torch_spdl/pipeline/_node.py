@@ -54,7 +54,7 @@ from ._wire.channel import Channel, ChannelAborted
 
 if TYPE_CHECKING:
     from ._core.protocols import StageTracer, Supervisor, TracedStage, TunableStage
-    from ._hooks import TaskHook
+    from ._plugins.hooks import TaskHook
 
 __all__ = ["Node", "OpStage"]
 

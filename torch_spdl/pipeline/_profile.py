@@ -29,7 +29,7 @@ from ._config import (
 )
 from ._pipeline import Pipeline
 from ._placement import PlacementConfig
-from ._queues import QueuePerfStats, StatsQueue
+from ._plugins.queues import QueuePerfStats, StatsQueue
 
 __all__ = ["profile_pipeline", "ProfileHook", "ProfileReport", "ProfileResult", "StageProfile"]
 

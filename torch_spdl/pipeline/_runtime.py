@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ._autotune import AutotuneConfig, Autotuner
-from ._background import BackgroundTaskFactory, run_background
 from ._core.errors import PipelineFailure
 from ._core.protocols import Stage
 from ._core.stats import StatsReporter
+from ._plugins.background import BackgroundTaskFactory, run_background
 from ._trace import PipelineTrace
 from ._tracer import Tracer
 from ._wire.channel import Channel

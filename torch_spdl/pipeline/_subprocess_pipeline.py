@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from ._build import build
 from ._builder import PipelineBuilder
 from ._config import BuildOptions, PipeConfig, PipelineConfig
-from ._priority import PriorityExecutorEntrypoint
+from ._plugins.priority import PriorityExecutorEntrypoint
 from ._subprocess import END, ERROR, ITEM, SubprocessError
 
 __all__ = ["run_pipeline_in_subprocess"]

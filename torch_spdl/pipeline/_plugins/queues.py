@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._wire.channel import EMPTY, EOF, Channel
+from .._wire.channel import EMPTY, EOF, Channel
 
 __all__ = ["AsyncQueue", "ObservedChannel", "QueuePerfStats", "StatsQueue", "make_queue"]
 
@@ -264,7 +264,7 @@ def make_queue(
 def queue_hooks_task(queues: list[AsyncQueue]) -> Callable[[], Any]:
     """A background-task factory that holds every queue's ``stage_hook()`` open from
     start to stop (on the pipeline's event loop); a hook that fails is logged."""
-    from ._background import BackgroundTask
+    from .background import BackgroundTask
 
     class _QueueHooks(BackgroundTask):
         async def run(self) -> None:
