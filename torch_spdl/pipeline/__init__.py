@@ -15,17 +15,17 @@ from ._compat import (
     iterate_in_subinterpreter,
     run_pipeline_in_subinterpreter,
 )
-from ._config import (
+from ._core.errors import PipelineFailure
+from ._core.protocols import StoppableSource
+from ._core.stats import StageStats
+from ._declare.config import (
     AggregateConfig,
     BuildOptions,
     DisaggregateConfig,
     PipeConfig,
     PipelineConfig,
 )
-from ._core.errors import PipelineFailure
-from ._core.protocols import StoppableSource
-from ._core.stats import StageStats
-from ._ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
+from ._declare.ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
 from ._pipeline import Pipeline
 from ._plugins.background import BackgroundTask, BackgroundTaskFactory
 from ._plugins.hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook

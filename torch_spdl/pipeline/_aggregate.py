@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ._aggregator import Aggregator
-from ._failures import FailureBudget
-from ._ops import OpKind
+from ._declare.failures import FailureBudget
+from ._declare.grouping import Aggregator
+from ._declare.ops import OpKind
 from ._plugins.hooks import TaskHook, hooked_sync
 from ._thread_stage import ThreadStage
 from ._wire.channel import Channel

@@ -22,8 +22,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ._core.errors import describe_item
+from ._declare.ops import OpKind
 from ._node import OpStage
-from ._ops import OpKind
 from ._plugins.hooks import hooked_async
 from ._wire.channel import EOF, ChannelAborted
 

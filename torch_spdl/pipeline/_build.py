@@ -21,7 +21,7 @@ from ._aggregate import AggregateStage, DisaggregateStage
 from ._async_stage import AsyncStage
 from ._autotune import DEFAULT_START, DEFAULT_START_COROUTINES, AutotuneConfig
 from ._autotune.memory import recall
-from ._config import (
+from ._declare.config import (
     AggregateConfig,
     BuildOptions,
     DisaggregateConfig,
@@ -30,12 +30,12 @@ from ._config import (
     PipelineConfig,
     StageConfig,
 )
-from ._failures import FailureBudget, MaxFailures
+from ._declare.failures import FailureBudget, MaxFailures
+from ._declare.ops import classify_op
+from ._declare.placement import PlacementConfig, RegionConfig, fuse_regions
 from ._nested import MergedSource, PathVariantsStage
 from ._node import Node, OpStage
-from ._ops import classify_op
 from ._pipeline import Pipeline
-from ._placement import PlacementConfig, RegionConfig, fuse_regions
 from ._plugins.background import BackgroundTaskFactory
 from ._plugins.hooks import StageInfo, TaskHook, check_hooks
 from ._plugins.queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task

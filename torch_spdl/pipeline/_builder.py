@@ -13,9 +13,8 @@ from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
-from ._aggregator import Aggregator
 from ._build import build
-from ._config import (
+from ._declare.config import (
     BuildOptions,
     Concurrency,
     DisaggregateConfig,
@@ -26,10 +25,11 @@ from ._config import (
     StageConfig,
     aggregate_config,
 )
-from ._failures import MaxFailures, check_max_failures
-from ._ops import classify_op, op_name
+from ._declare.failures import MaxFailures, check_max_failures
+from ._declare.grouping import Aggregator
+from ._declare.ops import classify_op, op_name
+from ._declare.placement import PlacementConfig
 from ._pipeline import Pipeline
-from ._placement import PlacementConfig
 from ._plugins.background import BackgroundTaskFactory
 from ._plugins.hooks import StageInfo, TaskHook
 from ._plugins.queues import AsyncQueue

@@ -48,8 +48,8 @@ from ._autotune.meter import StageMeter
 from ._core.errors import describe_item
 from ._core.protocols import QueueReading, StageReading
 from ._core.stats import Counters, StageStats
-from ._failures import FailureBudget
-from ._ops import OpKind
+from ._declare.failures import FailureBudget
+from ._declare.ops import OpKind
 from ._wire.channel import Channel, ChannelAborted
 
 if TYPE_CHECKING:

@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from ._builder import PipelineBuilder
-from ._config import (
+from ._declare.config import (
     AggregateConfig,
     DisaggregateConfig,
     PipeConfig,
     PipelineConfig,
     StageConfig,
 )
+from ._declare.placement import PlacementConfig
 from ._pipeline import Pipeline
-from ._placement import PlacementConfig
 from ._plugins.queues import QueuePerfStats, StatsQueue
 
 __all__ = ["profile_pipeline", "ProfileHook", "ProfileReport", "ProfileResult", "StageProfile"]

@@ -42,10 +42,10 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ._config import BuildOptions
 from ._core.errors import PipelineFailure, describe_item
+from ._declare.config import BuildOptions
+from ._declare.placement import ProcessPoolExecutorConfig
 from ._node import Node
-from ._placement import ProcessPoolExecutorConfig
 from ._wire.channel import EMPTY, EOF, Channel, ChannelAborted
 
 if TYPE_CHECKING:

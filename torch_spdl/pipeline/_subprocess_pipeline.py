@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 from ._build import build
 from ._builder import PipelineBuilder
-from ._config import BuildOptions, PipeConfig, PipelineConfig
+from ._declare.config import BuildOptions, PipeConfig, PipelineConfig
 from ._plugins.priority import PriorityExecutorEntrypoint
 from ._subprocess import END, ERROR, ITEM, SubprocessError
 

@@ -28,8 +28,8 @@ from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from ._declare.ops import OpKind, call_each, call_to_list
 from ._node import OpStage
-from ._ops import OpKind, call_each, call_to_list
 from ._plugins.hooks import hooked_sync
 from ._wire.channel import EMPTY, EOF, ChannelAborted
 

@@ -15,17 +15,17 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._aggregator import Aggregator, Collate
-from ._autotune.memory import new_stage_id
-from ._autotune.vocabulary import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
-from ._failures import MaxFailures, check_max_failures
-from ._ops import OpKind, classify_op, op_name
-from ._placement import PlacementConfig
+from .._autotune.memory import new_stage_id
+from .._autotune.vocabulary import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
+from .failures import MaxFailures, check_max_failures
+from .grouping import Aggregator, Collate
+from .ops import OpKind, classify_op, op_name
+from .placement import PlacementConfig
 
 if TYPE_CHECKING:
-    from ._plugins.background import BackgroundTaskFactory
-    from ._plugins.hooks import StageInfo, TaskHook
-    from ._plugins.queues import AsyncQueue
+    from .._plugins.background import BackgroundTaskFactory
+    from .._plugins.hooks import StageInfo, TaskHook
+    from .._plugins.queues import AsyncQueue
 
 __all__ = [
     "AggregateConfig",
