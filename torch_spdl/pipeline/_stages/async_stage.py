@@ -21,14 +21,14 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ._core.errors import describe_item
-from ._declare.ops import OpKind
-from ._node import OpStage
-from ._plugins.hooks import hooked_async
-from ._wire.channel import EOF, ChannelAborted
+from .._core.errors import describe_item
+from .._declare.ops import OpKind
+from .._plugins.hooks import hooked_async
+from .._wire.channel import EOF, ChannelAborted
+from .node import OpStage
 
 if TYPE_CHECKING:
-    from ._core.protocols import Supervisor
+    from .._core.protocols import Supervisor
 
 __all__ = ["AsyncStage"]
 

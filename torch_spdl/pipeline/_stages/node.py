@@ -44,17 +44,17 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._autotune.meter import StageMeter
-from ._core.errors import describe_item
-from ._core.protocols import QueueReading, StageReading
-from ._core.stats import Counters, StageStats
-from ._declare.failures import FailureBudget
-from ._declare.ops import OpKind
-from ._wire.channel import Channel, ChannelAborted
+from .._autotune.meter import StageMeter
+from .._core.errors import describe_item
+from .._core.protocols import QueueReading, StageReading
+from .._core.stats import Counters, StageStats
+from .._declare.failures import FailureBudget
+from .._declare.ops import OpKind
+from .._wire.channel import Channel, ChannelAborted
 
 if TYPE_CHECKING:
-    from ._core.protocols import StageTracer, Supervisor, TracedStage, TunableStage
-    from ._plugins.hooks import TaskHook
+    from .._core.protocols import StageTracer, Supervisor, TracedStage, TunableStage
+    from .._plugins.hooks import TaskHook
 
 __all__ = ["Node", "OpStage"]
 

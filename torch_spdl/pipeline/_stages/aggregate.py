@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ._declare.failures import FailureBudget
-from ._declare.grouping import Aggregator
-from ._declare.ops import OpKind
-from ._plugins.hooks import TaskHook, hooked_sync
-from ._thread_stage import ThreadStage
-from ._wire.channel import Channel
+from .._declare.failures import FailureBudget
+from .._declare.grouping import Aggregator
+from .._declare.ops import OpKind
+from .._plugins.hooks import TaskHook, hooked_sync
+from .._wire.channel import Channel
+from .thread_stage import ThreadStage
 
 __all__ = ["AggregateStage", "DisaggregateStage"]
 
