@@ -13,7 +13,6 @@ from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
-from ._build import build
 from ._declare.config import (
     BuildOptions,
     Concurrency,
@@ -29,10 +28,11 @@ from ._declare.failures import MaxFailures, check_max_failures
 from ._declare.grouping import Aggregator
 from ._declare.ops import classify_op, op_name
 from ._declare.placement import PlacementConfig
-from ._pipeline import Pipeline
 from ._plugins.background import BackgroundTaskFactory
 from ._plugins.hooks import StageInfo, TaskHook
 from ._plugins.queues import AsyncQueue
+from ._run.assemble import build
+from ._run.pipeline import Pipeline
 
 __all__ = ["PipelineBuilder"]
 

@@ -28,8 +28,8 @@ from ._declare.config import (
     StageConfig,
 )
 from ._declare.placement import PlacementConfig
-from ._pipeline import Pipeline
 from ._plugins.queues import QueuePerfStats, StatsQueue
+from ._run.pipeline import Pipeline
 
 __all__ = ["profile_pipeline", "ProfileHook", "ProfileReport", "ProfileResult", "StageProfile"]
 

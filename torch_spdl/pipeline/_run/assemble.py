@@ -17,9 +17,9 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ._autotune import DEFAULT_START, DEFAULT_START_COROUTINES, AutotuneConfig
-from ._autotune.memory import recall
-from ._declare.config import (
+from .._autotune import DEFAULT_START, DEFAULT_START_COROUTINES, AutotuneConfig
+from .._autotune.memory import recall
+from .._declare.config import (
     AggregateConfig,
     BuildOptions,
     DisaggregateConfig,
@@ -28,23 +28,23 @@ from ._declare.config import (
     PipelineConfig,
     StageConfig,
 )
-from ._declare.failures import FailureBudget, MaxFailures
-from ._declare.ops import classify_op
-from ._declare.placement import PlacementConfig, RegionConfig, fuse_regions
-from ._pipeline import Pipeline
-from ._plugins.background import BackgroundTaskFactory
-from ._plugins.hooks import StageInfo, TaskHook, check_hooks
-from ._plugins.queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
-from ._runtime import Runtime
-from ._stages.aggregate import AggregateStage, DisaggregateStage
-from ._stages.async_stage import AsyncStage
-from ._stages.nested import MergedSource, PathVariantsStage
-from ._stages.node import Node, OpStage
-from ._stages.region import RegionStage
-from ._stages.source import SourceNode
-from ._stages.source import on_loop as source_on_loop
-from ._stages.thread_stage import ThreadStage
-from ._wire.channel import Channel
+from .._declare.failures import FailureBudget, MaxFailures
+from .._declare.ops import classify_op
+from .._declare.placement import PlacementConfig, RegionConfig, fuse_regions
+from .._plugins.background import BackgroundTaskFactory
+from .._plugins.hooks import StageInfo, TaskHook, check_hooks
+from .._plugins.queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
+from .._stages.aggregate import AggregateStage, DisaggregateStage
+from .._stages.async_stage import AsyncStage
+from .._stages.nested import MergedSource, PathVariantsStage
+from .._stages.node import Node, OpStage
+from .._stages.region import RegionStage
+from .._stages.source import SourceNode
+from .._stages.source import on_loop as source_on_loop
+from .._stages.thread_stage import ThreadStage
+from .._wire.channel import Channel
+from .pipeline import Pipeline
+from .runtime import Runtime
 
 __all__ = ["build", "build_pipeline", "queue_capacity"]
 

@@ -17,11 +17,11 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._trace import PipelineTrace, TraceDecision, TraceSample, TraceSpan
-from ._wire.channel import Channel
+from .._wire.channel import Channel
+from .trace_record import PipelineTrace, TraceDecision, TraceSample, TraceSpan
 
 if TYPE_CHECKING:
-    from ._core.protocols import Stage, TracedStage
+    from .._core.protocols import Stage, TracedStage
 
 __all__ = ["SAMPLE_INTERVAL", "Tracer"]
 

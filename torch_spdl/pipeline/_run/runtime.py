@@ -20,14 +20,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._autotune import AutotuneConfig, Autotuner
-from ._core.errors import PipelineFailure
-from ._core.protocols import Stage
-from ._core.stats import StatsReporter
-from ._plugins.background import BackgroundTaskFactory, run_background
-from ._trace import PipelineTrace
-from ._tracer import Tracer
-from ._wire.channel import Channel
+from .._autotune import AutotuneConfig, Autotuner
+from .._core.errors import PipelineFailure
+from .._core.protocols import Stage
+from .._core.stats import StatsReporter
+from .._plugins.background import BackgroundTaskFactory, run_background
+from .._wire.channel import Channel
+from .trace_record import PipelineTrace
+from .tracer import Tracer
 
 __all__ = ["Runtime", "STOPPED"]
 
