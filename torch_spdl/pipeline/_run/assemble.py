@@ -28,7 +28,7 @@ from .._declare.config import (
     PipelineConfig,
     StageConfig,
 )
-from .._declare.failures import FailureBudget, MaxFailures
+from .._declare.failures import FailureLimit, MaxFailures
 from .._declare.ops import classify_op
 from .._declare.placement import PlacementConfig, RegionConfig, fuse_regions
 from .._plugins.background import BackgroundTaskFactory
@@ -154,9 +154,7 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
     # The build-level limit is one budget shared by the stages without a limit of their
     # own; it reads their item counts only when an item fails.
     shared: list[Node] = []
-    shared_budget = FailureBudget(
-        options.max_failures, lambda: sum(n.invocations() for n in shared)
-    )
+    shared_budget = FailureLimit(options.max_failures, lambda: sum(n.invocations() for n in shared))
     workers = [_workers(s, options.num_threads) for s in config.stages]
     queues: list[AsyncQueue] = []
 
@@ -287,7 +285,7 @@ def _op_stage(
     inbox: Channel[Any],
     outbox: Channel[Any],
     hooks: list[TaskHook],
-    shared_budget: FailureBudget,
+    shared_budget: FailureLimit,
 ) -> OpStage:
     """The node of a ``pipe`` stage: threads for a sync op, coroutines for an async one."""
     op, kind = classify_op(spec.op)

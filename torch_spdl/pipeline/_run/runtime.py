@@ -22,7 +22,7 @@ from typing import Any
 
 from .._autotune import AutotuneConfig, Autotuner
 from .._core.errors import PipelineFailure
-from .._core.protocols import Stage
+from .._core.protocols import SupervisedStage
 from .._core.stats import StatsReporter
 from .._plugins.background import BackgroundTaskFactory, run_background
 from .._wire.channel import Channel
@@ -54,7 +54,7 @@ class Runtime:
 
     def __init__(
         self,
-        nodes: Sequence[Stage],
+        nodes: Sequence[SupervisedStage],
         channels: Sequence[Channel[Any]],
         *,
         report_stats_interval: float = -1,
@@ -230,7 +230,9 @@ class Runtime:
         """``"new"``, ``"running"`` or ``"stopped"``."""
         return self._state
 
-    def fail(self, error: Exception, *, node: Stage | None = None, num_failures: int = 0) -> None:
+    def fail(
+        self, error: Exception, *, node: SupervisedStage | None = None, num_failures: int = 0
+    ) -> None:
         """Record a stage's (or the engine's) error and stop what feeds it.
 
         With ``node``, only the channels upstream of it are aborted: the source and the

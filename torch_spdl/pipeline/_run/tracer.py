@@ -21,7 +21,7 @@ from .._wire.channel import Channel
 from .trace_record import PipelineTrace, TraceDecision, TraceSample, TraceSpan
 
 if TYPE_CHECKING:
-    from .._core.protocols import Stage, TracedStage
+    from .._core.protocols import SupervisedStage, TracedStage
 
 __all__ = ["SAMPLE_INTERVAL", "Tracer"]
 
@@ -56,14 +56,14 @@ class Tracer:
             stage.tracer = self
 
     # -- recording (worker side) -----------------------------------------------------------
-    def _buffer(self, stage: Stage, worker: int) -> _Buffer:
+    def _buffer(self, stage: SupervisedStage, worker: int) -> _Buffer:
         buf = _Buffer(stage.name, worker)
         with self._lock:
             self._buffers.append(buf)
         return buf
 
     def wrap(
-        self, stage: Stage, worker: int, op: Callable[..., Any], *, generator: bool
+        self, stage: SupervisedStage, worker: int, op: Callable[..., Any], *, generator: bool
     ) -> Callable[..., Any]:
         """``op`` recording one span per call (a generator: until it is exhausted). A plain
         op may take any arguments (the general thread path's ``compute(item, outs)``)."""
@@ -93,7 +93,7 @@ class Tracer:
         return traced
 
     def wrap_async(
-        self, stage: Stage, worker: int, op: Callable[[Any], Any], *, generator: bool
+        self, stage: SupervisedStage, worker: int, op: Callable[[Any], Any], *, generator: bool
     ) -> Callable[[Any], Any]:
         """An async op (or async generator) recording one span per call."""
         append = self._buffer(stage, worker).stamps.append

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from .._declare.failures import FailureBudget
+from .._declare.failures import FailureLimit
 from .._declare.grouping import Aggregator
 from .._declare.ops import OpKind
 from .._plugins.hooks import TaskHook, hooked_sync
@@ -34,7 +34,7 @@ class AggregateStage(ThreadStage):
         outbox: Channel[Any],
         hooks: Sequence[TaskHook] = (),
         *,
-        budget: FailureBudget | None = None,
+        budget: FailureLimit | None = None,
     ) -> None:
         # An item whose accumulate() raises is a failure like any op's: logged, counted
         # against the build's max_failures, dropped.
@@ -85,7 +85,7 @@ class DisaggregateStage(ThreadStage):
         outbox: Channel[Any],
         hooks: Sequence[TaskHook] = (),
         *,
-        budget: FailureBudget | None = None,
+        budget: FailureLimit | None = None,
     ) -> None:
         super().__init__(
             name,

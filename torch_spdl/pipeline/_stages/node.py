@@ -48,7 +48,7 @@ from .._autotune.meter import StageMeter
 from .._core.errors import describe_item
 from .._core.protocols import QueueReading, StageReading
 from .._core.stats import Counters, StageStats
-from .._declare.failures import FailureBudget
+from .._declare.failures import FailureLimit
 from .._declare.ops import OpKind
 from .._wire.channel import Channel, ChannelAborted
 
@@ -75,14 +75,14 @@ class Node:
         *,
         workers: int = 1,
         max_failures: int = -1,
-        budget: FailureBudget | None = None,
+        budget: FailureLimit | None = None,
     ) -> None:
         self.name = name
         self.inbox = inbox
         self.outbox = outbox
         self.workers = workers  # how many workers launch() starts
         if budget is None:
-            budget = FailureBudget(max_failures, self.invocations)
+            budget = FailureLimit(max_failures, self.invocations)
         self.budget = budget
         self._failure: BaseException | None = None  # why this node failed the pipeline
         self._counters: list[Counters] = []
@@ -110,7 +110,7 @@ class Node:
         """Workers started so far: launch's, and those joined since (:meth:`join_worker`)."""
         return self._started
 
-    # -- what the runtime's helpers see (Stage.for_autotuner / for_tracer) ---------------
+    # -- what the runtime's helpers see (SupervisedStage.for_autotuner / for_tracer) -----
     def for_autotuner(self) -> TunableStage | None:
         """This node as the autotuner reads it; None: the autotuner does not see it."""
         return None
@@ -358,7 +358,7 @@ class OpStage(Node):
         ordered: bool,
         max_failures: int = -1,
         max_workers: int | None = None,
-        budget: FailureBudget | None = None,
+        budget: FailureLimit | None = None,
         hooks: Sequence[TaskHook] = (),
         tune_key: Hashable | None = None,
         min_workers: int = 1,
