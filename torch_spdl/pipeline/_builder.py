@@ -2,9 +2,9 @@
 
 A builder holds no threads and no state of a run, so one builder can be built any number of
 times (each build is a fresh pipeline), pickled to a subprocess, or profiled stage by stage.
-It checks each call's arguments and records a frozen spec (``_config.py``); making the
-nodes and channels of a run is ``_build.py``'s job, which :meth:`PipelineBuilder.build`
-hands over to.
+It checks each call's arguments and records a frozen spec (``_declare/config.py``); making
+the nodes and channels of a run is ``_run/assemble.py``'s job, which
+:meth:`PipelineBuilder.build` hands over to.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The contracts between the engine's layers, in one leaf module that imports none of them.
 
-Imports in ``torch_spdl.pipeline`` run one way: channel -> node -> stages -> runtime ->
-build. Where a lower layer must call up (a stage asks its supervisor to start a thread or
+Imports in ``torch_spdl.pipeline`` run one way, folder by folder: ``_wire``, then
+``_core`` and ``_plugins``, ``_autotune``, ``_declare``, ``_stages``, ``_run``, and the API
+on top. Where a lower layer must call up (a stage asks its supervisor to start a thread or
 to fail the pipeline; a stage's op is wrapped by the tracer) or an upper layer must read a
 lower one through a narrow surface (the autotuner reads a stage), the surface is written
 here, as a :class:`~typing.Protocol`, and both sides import it from here:
@@ -201,7 +202,7 @@ class TunableStage(Protocol):
 
 class InnerPipeline(Protocol):
     """A pipeline run inside a stage (``Merge`` inputs, ``path_variants`` paths), as that
-    stage drives it; a :class:`~._pipeline.Pipeline` is one."""
+    stage drives it; a :class:`~torch_spdl.pipeline.Pipeline` is one."""
 
     def start(self) -> None: ...
 

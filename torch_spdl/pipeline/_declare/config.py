@@ -1,9 +1,9 @@
 """What a pipeline is, as data: the stage declarations, the pipeline's, and the build options.
 
 Everything here is a frozen description, with no thread, channel or stage of a run: the
-fluent :class:`~._builder.PipelineBuilder` records these, SPDL's ``defs`` module makes them
+fluent :class:`~..PipelineBuilder` records these, SPDL's ``defs`` module makes them
 directly, ``profile_pipeline`` and the subprocess runner take them apart, and
-``_build.py`` turns them into a running pipeline. :class:`BuildOptions` holds the options
+``_run/assemble.py`` turns them into a running pipeline. :class:`BuildOptions` holds the options
 of one build (``build``'s keywords), in one place for every entry point that builds.
 """
 

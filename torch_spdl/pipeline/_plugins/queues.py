@@ -2,7 +2,7 @@
 
 In SPDL every stage boundary is an ``asyncio.Queue`` on one event loop, and
 ``build(queue_class=...)`` replaces that queue. Here a boundary is a
-:class:`~torch_spdl.pipeline._channel.Channel` that threads and coroutines share without a
+:class:`~torch_spdl.pipeline._wire.channel.Channel` that threads and coroutines share without a
 loop round trip; routing every item through an ``asyncio.Queue`` would undo that. So a
 queue class plugs in as an **observer**: ``build`` makes one instance per boundary (with
 SPDL's ``name`` and ``buffer_size`` keywords), enters its ``stage_hook()`` on the

@@ -1,13 +1,13 @@
 """The build: turn a declaration into nodes and channels, and hand them to a runtime.
 
-``build(config, options)`` is the one place where a :class:`~._config.PipelineConfig` meets
-the engine: it fuses ``to()`` regions, sizes the channel in front of each stage
-(:func:`queue_capacity`), makes one node per stage (threads for a sync op, coroutines for
-an async one, the regrouping and nested stages), shares the build-level failure budget
-among the stages without one of their own, and wraps it all in a :class:`Pipeline`.
-``build_pipeline`` is its public face, with ``build``'s keywords. Each call makes a fresh
-pipeline; nothing here keeps state between builds except what the autotuner remembers
-(``_autotune/memory.py``).
+``build(config, options)`` is the one place where a :class:`PipelineConfig` (the builder's,
+``_declare/config.py``) meets the engine: it fuses ``to()`` regions, sizes the channel in
+front of each stage (:func:`queue_capacity`), makes one node per stage (threads for a sync
+op, coroutines for an async one, the regrouping and nested stages), shares the build-level
+failure budget among the stages without one of their own, and wraps it all in a
+:class:`Pipeline`. ``build_pipeline`` is its public face, with ``build``'s keywords. Each
+call makes a fresh pipeline; nothing here keeps state between builds except what the
+autotuner remembers (``_autotune/memory.py``).
 """
 
 from __future__ import annotations

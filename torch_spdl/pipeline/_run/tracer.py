@@ -5,8 +5,8 @@ stamps to a buffer owned by that worker alone (no lock), and a sampler thread re
 queue's depth and every stage's concurrency every few milliseconds. A pipeline built
 without tracing runs exactly the code it ran before tracing existed: the choice is made
 once per worker, not per item. What was recorded is read as a :class:`PipelineTrace`
-(``_trace.py``); the stages are seen through the :class:`~._protocols.TracedStage` and
-:class:`~._protocols.StageTracer` surfaces only.
+(``trace_record.py``); the stages are seen through the :class:`TracedStage` and
+:class:`StageTracer` surfaces only (``_core/protocols.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The base every stage shares: lifecycle, counters, failure policy and end of stream.
 
 The contract itself (what the runtime calls on a stage, what a stage may ask of the
-runtime) is written in ``_protocols.py``; this is the one implementation of it that every
+runtime) is written in ``_core/protocols.py``; this is the one implementation of it that every
 stage derives from.
 
 A node reads its ``inbox`` channel, writes its ``outbox`` channel and runs workers,
@@ -338,8 +338,8 @@ class OpStage(Node):
     (``starts_every_worker``) starts all ``bound`` of them at launch, the others start
     theirs as the concurrency grows (:meth:`Node.join_worker`).
     ``tracer``, when set before launch, records when each item's op started and ended.
-    An op stage is what the autotuner reads (:class:`~._protocols.TunableStage`), tuned or
-    not; an autotuned one's op is metered (wall and CPU time per item) from launch, and
+    An op stage is what the autotuner reads (:class:`TunableStage`), tuned or not; an
+    autotuned one's op is metered (wall and CPU time per item) from launch, and
     ``tune_key`` names it in what the tuner remembers between builds.
     """
 
