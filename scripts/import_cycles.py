@@ -6,7 +6,7 @@ top, inside a function, or under ``if TYPE_CHECKING:``, since a cycle through an
 still ties the modules together for a reader. A cycle is a strongly connected component
 of the module graph with more than one module.
 
-A private subpackage (``torch_spdl/pipeline/_stages/``) is a folder of its public package,
+A private subpackage (``torch_spdl/pipeline/_stage_kinds/``) is a folder of its public package,
 not a package of its own: its modules may import their siblings' private modules, and the
 other packages may not. Folders are layers, so they import one way too: with each folder
 counted as one node (and each module outside a folder as itself), the graph has no cycle.
@@ -110,7 +110,7 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def package_of(root: Path, module: str) -> str:
     """The public package a module belongs to: itself for a package's ``__init__``, else its
-    parent, cut before the first private name (``torch_spdl.pipeline._stages.node`` belongs
+    parent, cut before the first private name (``torch_spdl.pipeline._stage_kinds.node`` belongs
     to ``torch_spdl.pipeline``)."""
     path = root.parent.joinpath(*module.split("."))
     parts = module.split(".") if path.is_dir() else module.split(".")[:-1]
@@ -122,7 +122,7 @@ def package_of(root: Path, module: str) -> str:
 
 def folder_of(root: Path, module: str) -> str:
     """The node a module counts as among folders: the outermost private subpackage it is in
-    (``torch_spdl.pipeline._stages``), else the module itself."""
+    (``torch_spdl.pipeline._stage_kinds``), else the module itself."""
     parts = module.split(".")
     for i, part in enumerate(parts[1:], 1):
         if part.startswith("_") and root.parent.joinpath(*parts[: i + 1]).is_dir():

@@ -28,7 +28,7 @@ def _checker() -> Any:
 def test_no_import_cycle_in_the_package() -> None:
     module = _checker()
     graph = module.build_graph(ROOT / "torch_spdl")
-    assert "torch_spdl.pipeline._stages.node" in graph  # the walk found the modules
+    assert "torch_spdl.pipeline._stage_kinds.node" in graph  # the walk found the modules
     assert module.strongly_connected(graph) == []
 
 
@@ -55,5 +55,8 @@ def test_the_folders_import_one_way() -> None:
     assert module.strongly_connected(folders) == []
     # the check itself sees a folder cycle: a stage importing the runtime's folder, which
     # imports the stages (each module graph alone stays acyclic)
-    planted = {**graph, "torch_spdl.pipeline._stages.source": {"torch_spdl.pipeline._run.runtime"}}
+    planted = {
+        **graph,
+        "torch_spdl.pipeline._stage_kinds.source": {"torch_spdl.pipeline._run.runtime"},
+    }
     assert module.strongly_connected(module.folder_graph(root, planted)) != []

@@ -31,7 +31,7 @@ from ._declare.config import (
 from ._declare.config import PipelineConfig as _BuilderConfig
 from ._declare.failures import MaxFailures
 from ._declare.grouping import Aggregator, Collate
-from ._stages.nested import MergedSource
+from ._stage_kinds.nested import MergedSource
 
 __all__ = [
     "MAIN_PROCESS",

@@ -7,7 +7,7 @@
 - ``meter.py`` measures those costs inside autotuned stages;
 - ``probes.py`` reads the process (cores, CPU, memory);
 - ``memory.py`` keeps what was learnt for the next build;
-- ``sampler.py`` is the thread that reads the stages every tick and applies the decisions.
+- ``tuner.py`` is the thread that reads the stages every tick and applies the decisions.
 
 This module is the tuner's face: the names the rest of the engine uses.
 """
@@ -15,7 +15,7 @@ This module is the tuner's face: the names the rest of the engine uses.
 from .._core.protocols import QueueReading, StageReading, TunableStage
 from .probes import cpu_count, read_rss
 from .rules import AutotuneController
-from .sampler import Autotuner
+from .tuner import Autotuner
 from .vocabulary import (
     DEFAULT_CPU_BUDGET,
     DEFAULT_MAX_COROUTINES,

@@ -1,6 +1,6 @@
 """The autotuner's decisions: a controller fed one sample per tick, answering what to resize.
 
-Pure decision logic, kept apart from the thread that measures (``sampler.py``) so that
+Pure decision logic, kept apart from the thread that measures (``tuner.py``) so that
 every rule can be tested on synthetic samples: it reads no clock and starts no thread.
 
 1. **Model** (the first ticks, short ones): from the first items through each stage, its

@@ -3,7 +3,7 @@
 and the defaults a build needs before any tuning.
 
 Data only, apart from the controller (``rules.py``) and the sampler thread
-(``sampler.py``), so that the declaration side (``_declare/config.py``) and the public API can
+(``tuner.py``), so that the declaration side (``_declare/config.py``) and the public API can
 name them without importing either.
 """
 

@@ -1,7 +1,7 @@
 """The contracts between the engine's layers, in one leaf module that imports none of them.
 
 Imports in ``torch_spdl.pipeline`` run one way, folder by folder: ``_wire``, then
-``_core`` and ``_plugins``, ``_autotune``, ``_declare``, ``_stages``, ``_run``, and the API
+``_core`` and ``_plugins``, ``_autotune``, ``_declare``, ``_stage_kinds``, ``_run``, and the API
 on top. Where a lower layer must call up (a stage asks its supervisor to start a thread or
 to fail the pipeline; a stage's op is wrapped by the tracer) or an upper layer must read a
 lower one through a narrow surface (the autotuner reads a stage), the surface is written

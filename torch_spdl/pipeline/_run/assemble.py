@@ -34,14 +34,14 @@ from .._declare.placement import PlacementConfig, RegionConfig, fuse_regions
 from .._plugins.background import BackgroundTaskFactory
 from .._plugins.hooks import StageInfo, TaskHook, check_hooks
 from .._plugins.queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
-from .._stages.aggregate import AggregateStage, DisaggregateStage
-from .._stages.async_stage import AsyncStage
-from .._stages.nested import MergedSource, PathVariantsStage
-from .._stages.node import Node, OpStage
-from .._stages.region import RegionStage
-from .._stages.source import SourceNode
-from .._stages.source import on_loop as source_on_loop
-from .._stages.thread_stage import ThreadStage
+from .._stage_kinds.aggregate import AggregateStage, DisaggregateStage
+from .._stage_kinds.async_stage import AsyncStage
+from .._stage_kinds.nested import MergedSource, PathVariantsStage
+from .._stage_kinds.node import Node, OpStage
+from .._stage_kinds.region import RegionStage
+from .._stage_kinds.source import SourceNode
+from .._stage_kinds.source import on_loop as source_on_loop
+from .._stage_kinds.thread_stage import ThreadStage
 from .._wire.channel import Channel
 from .pipeline import Pipeline
 from .runtime import Runtime

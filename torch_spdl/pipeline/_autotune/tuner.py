@@ -1,4 +1,4 @@
-"""The autotuner's sampler: the thread that measures a running pipeline and applies decisions.
+"""The autotuner's sampler thread: it measures a running pipeline and applies decisions.
 
 Every tick it reads each stage through the small :class:`TunableStage` surface (never a
 stage's queues or workers directly), turns the differences into an :class:`AutotuneSample`,
