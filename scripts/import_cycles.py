@@ -154,24 +154,24 @@ def private_crossings(root: Path, graph: dict[str, set[str]]) -> list[tuple[str,
     return sorted(found)
 
 
-def main(argv: list[str]) -> int:
-    root = Path(argv[0] if argv else Path(__file__).resolve().parent.parent / "torch_spdl")
-    graph = build_graph(root.resolve())
+def print_cycles(graph: dict[str, set[str]], label: str) -> list[list[str]]:
+    """Print the cycles of ``graph``, each with the imports that close it; return them."""
     cycles = strongly_connected(graph)
-    print(f"{len(graph)} modules, {sum(len(v) for v in graph.values())} imports")
     for component in cycles:
-        print(f"cycle of {len(component)}: {', '.join(component)}")
+        print(f"{label} of {len(component)}: {', '.join(component)}")
         for name in component:
             inside = sorted(t for t in graph[name] if t in component)
             print(f"    {name} -> {', '.join(inside)}")
+    return cycles
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0] if argv else Path(__file__).resolve().parent.parent / "torch_spdl")
+    graph = build_graph(root.resolve())
+    print(f"{len(graph)} modules, {sum(len(v) for v in graph.values())} imports")
+    cycles = print_cycles(graph, "cycle")
     print(f"{len(cycles)} cycle(s)")
-    folders = folder_graph(root.resolve(), graph)
-    folder_cycles = strongly_connected(folders)
-    for component in folder_cycles:
-        print(f"folder cycle of {len(component)}: {', '.join(component)}")
-        for name in component:
-            inside = sorted(t for t in folders[name] if t in component)
-            print(f"    {name} -> {', '.join(inside)}")
+    folder_cycles = print_cycles(folder_graph(root.resolve(), graph), "folder cycle")
     print(f"{len(folder_cycles)} cycle(s) among folders")
     crossings = private_crossings(root.resolve(), graph)
     for importer, imported in crossings:
