@@ -1,10 +1,15 @@
-"""Print the import cycles among torch_spdl's modules, and the imports that reach into
-another package's private module (exit status 1 if there is either).
+"""Print the import cycles among torch_spdl's modules and among its folders, and the
+imports that reach into another package's private module (exit status 1 if there is any).
 
 Every ``import`` and ``from ... import`` in a module counts, wherever it stands: at the
 top, inside a function, or under ``if TYPE_CHECKING:``, since a cycle through any of them
 still ties the modules together for a reader. A cycle is a strongly connected component
 of the module graph with more than one module.
+
+A private subpackage (``torch_spdl/pipeline/_stage_kinds/``) is a folder of its public package,
+not a package of its own: its modules may import their siblings' private modules, and the
+other packages may not. Folders are layers, so they import one way too: with each folder
+counted as one node (and each module outside a folder as itself), the graph has no cycle.
 
 Usage: python scripts/import_cycles.py [package_dir]   (default: torch_spdl/)
 """
@@ -104,9 +109,35 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def package_of(root: Path, module: str) -> str:
-    """The package a module belongs to: itself for a package's ``__init__``, else its parent."""
+    """The public package a module belongs to: itself for a package's ``__init__``, else its
+    parent, cut before the first private name (``torch_spdl.pipeline._stage_kinds.node`` belongs
+    to ``torch_spdl.pipeline``)."""
     path = root.parent.joinpath(*module.split("."))
-    return module if path.is_dir() else module.rpartition(".")[0]
+    parts = module.split(".") if path.is_dir() else module.split(".")[:-1]
+    for i, part in enumerate(parts[1:], 1):
+        if part.startswith("_"):
+            return ".".join(parts[:i])
+    return ".".join(parts)
+
+
+def folder_of(root: Path, module: str) -> str:
+    """The node a module counts as among folders: the outermost private subpackage it is in
+    (``torch_spdl.pipeline._stage_kinds``), else the module itself."""
+    parts = module.split(".")
+    for i, part in enumerate(parts[1:], 1):
+        if part.startswith("_") and root.parent.joinpath(*parts[: i + 1]).is_dir():
+            return ".".join(parts[: i + 1])
+    return module
+
+
+def folder_graph(root: Path, graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with each private subpackage's modules merged into one node."""
+    folders: dict[str, set[str]] = {}
+    for name, targets in graph.items():
+        home = folder_of(root, name)
+        there = {folder_of(root, target) for target in targets}
+        folders.setdefault(home, set()).update(there - {home})
+    return folders
 
 
 def private_crossings(root: Path, graph: dict[str, set[str]]) -> list[tuple[str, str]]:
@@ -123,22 +154,30 @@ def private_crossings(root: Path, graph: dict[str, set[str]]) -> list[tuple[str,
     return sorted(found)
 
 
-def main(argv: list[str]) -> int:
-    root = Path(argv[0] if argv else Path(__file__).resolve().parent.parent / "torch_spdl")
-    graph = build_graph(root.resolve())
+def print_cycles(graph: dict[str, set[str]], label: str) -> list[list[str]]:
+    """Print the cycles of ``graph``, each with the imports that close it; return them."""
     cycles = strongly_connected(graph)
-    print(f"{len(graph)} modules, {sum(len(v) for v in graph.values())} imports")
     for component in cycles:
-        print(f"cycle of {len(component)}: {', '.join(component)}")
+        print(f"{label} of {len(component)}: {', '.join(component)}")
         for name in component:
             inside = sorted(t for t in graph[name] if t in component)
             print(f"    {name} -> {', '.join(inside)}")
+    return cycles
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0] if argv else Path(__file__).resolve().parent.parent / "torch_spdl")
+    graph = build_graph(root.resolve())
+    print(f"{len(graph)} modules, {sum(len(v) for v in graph.values())} imports")
+    cycles = print_cycles(graph, "cycle")
     print(f"{len(cycles)} cycle(s)")
+    folder_cycles = print_cycles(folder_graph(root.resolve(), graph), "folder cycle")
+    print(f"{len(folder_cycles)} cycle(s) among folders")
     crossings = private_crossings(root.resolve(), graph)
     for importer, imported in crossings:
         print(f"private import across packages: {importer} -> {imported}")
     print(f"{len(crossings)} import(s) of another package's private module")
-    return 1 if cycles or crossings else 0
+    return 1 if cycles or folder_cycles or crossings else 0
 
 
 if __name__ == "__main__":

@@ -5,8 +5,6 @@ Mirrors ``spdl.pipeline``: code written for it keeps working after changing the 
 
 from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
 from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
-from ._background import BackgroundTask, BackgroundTaskFactory
-from ._build import build_pipeline
 from ._builder import PipelineBuilder
 from ._compat import (
     cache_iterator,
@@ -16,29 +14,29 @@ from ._compat import (
     iterate_in_subinterpreter,
     run_pipeline_in_subinterpreter,
 )
-from ._config import (
+from ._core.errors import PipelineFailure
+from ._core.protocols import StoppableSource
+from ._core.stats import StageStats
+from ._declare.config import (
     AggregateConfig,
     BuildOptions,
     DisaggregateConfig,
     PipeConfig,
     PipelineConfig,
 )
-from ._errors import PipelineFailure
-from ._hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
-from ._ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
-from ._pipeline import Pipeline
-from ._priority import (
+from ._declare.ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
+from ._plugins.background import BackgroundTask, BackgroundTaskFactory
+from ._plugins.hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
+from ._plugins.priority import (
     PriorityExecutorEntrypoint,
     PriorityProcessPoolExecutor,
     PriorityThreadPoolExecutor,
 )
+from ._plugins.queues import AsyncQueue, QueuePerfStats, StatsQueue
 from ._profile import ProfileHook, ProfileReport, ProfileResult, StageProfile, profile_pipeline
-from ._protocols import StoppableSource
-from ._queues import AsyncQueue, QueuePerfStats, StatsQueue
-from ._stats import StageStats
-from ._subprocess import SubprocessError, iterate_in_subprocess
-from ._subprocess_pipeline import run_pipeline_in_subprocess
-from ._trace import (
+from ._run.assemble import build_pipeline
+from ._run.pipeline import Pipeline
+from ._run.trace_record import (
     PipelineTrace,
     TraceDecision,
     TraceSample,
@@ -46,6 +44,8 @@ from ._trace import (
     export_chrome_trace,
     plot_trace,
 )
+from ._subprocess import SubprocessError, iterate_in_subprocess
+from ._subprocess_pipeline import run_pipeline_in_subprocess
 
 __all__ = [
     "AggregateConfig",

@@ -2,9 +2,9 @@
 
 A builder holds no threads and no state of a run, so one builder can be built any number of
 times (each build is a fresh pipeline), pickled to a subprocess, or profiled stage by stage.
-It checks each call's arguments and records a frozen spec (``_config.py``); making the
-nodes and channels of a run is ``_build.py``'s job, which :meth:`PipelineBuilder.build`
-hands over to.
+It checks each call's arguments and records a frozen spec (``_declare/config.py``); making
+the nodes and channels of a run is ``_run/assemble.py``'s job, which
+:meth:`PipelineBuilder.build` hands over to.
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
-from ._aggregator import Aggregator
-from ._background import BackgroundTaskFactory
-from ._build import build
-from ._config import (
+from ._declare.config import (
     BuildOptions,
     Concurrency,
     DisaggregateConfig,
@@ -27,12 +24,15 @@ from ._config import (
     StageConfig,
     aggregate_config,
 )
-from ._failures import MaxFailures, check_max_failures
-from ._hooks import StageInfo, TaskHook
-from ._ops import classify_op, op_name
-from ._pipeline import Pipeline
-from ._placement import PlacementConfig
-from ._queues import AsyncQueue
+from ._declare.failures import MaxFailures, check_max_failures
+from ._declare.grouping import Aggregator
+from ._declare.ops import classify_op, op_name
+from ._declare.placement import PlacementConfig
+from ._plugins.background import BackgroundTaskFactory
+from ._plugins.hooks import StageInfo, TaskHook
+from ._plugins.queues import AsyncQueue
+from ._run.assemble import build
+from ._run.pipeline import Pipeline
 
 __all__ = ["PipelineBuilder"]
 

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Coroutine, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
 
-from ._channel import EOF
+from ._wire.channel import EOF
 
 __all__ = [
     "cache_iterator",

@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
 from ._builder import PipelineBuilder
-from ._config import (
+from ._declare.config import (
     AggregateConfig,
     DisaggregateConfig,
     PipeConfig,
     PipelineConfig,
     StageConfig,
 )
-from ._pipeline import Pipeline
-from ._placement import PlacementConfig
-from ._queues import QueuePerfStats, StatsQueue
+from ._declare.placement import PlacementConfig
+from ._plugins.queues import QueuePerfStats, StatsQueue
+from ._run.pipeline import Pipeline
 
 __all__ = ["profile_pipeline", "ProfileHook", "ProfileReport", "ProfileResult", "StageProfile"]
 

@@ -28,10 +28,10 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
-from ._build import build
 from ._builder import PipelineBuilder
-from ._config import BuildOptions, PipeConfig, PipelineConfig
-from ._priority import PriorityExecutorEntrypoint
+from ._declare.config import BuildOptions, PipeConfig, PipelineConfig
+from ._plugins.priority import PriorityExecutorEntrypoint
+from ._run.assemble import build
 from ._subprocess import END, ERROR, ITEM, SubprocessError
 
 __all__ = ["run_pipeline_in_subprocess"]

@@ -19,19 +19,19 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _placement
-from ._aggregator import Aggregator, Collate
 from ._builder import PipelineBuilder
-from ._config import (
+from ._declare import placement as _placement
+from ._declare.config import (
     AggregateConfig,
     DisaggregateConfig,
     PathVariantsConfig,
     PipeConfig,
     aggregate_config,
 )
-from ._config import PipelineConfig as _BuilderConfig
-from ._failures import MaxFailures
-from ._nested import MergedSource
+from ._declare.config import PipelineConfig as _BuilderConfig
+from ._declare.failures import MaxFailures
+from ._declare.grouping import Aggregator, Collate
+from ._stage_kinds.nested import MergedSource
 
 __all__ = [
     "MAIN_PROCESS",

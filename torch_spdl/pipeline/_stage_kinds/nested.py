@@ -23,12 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ._channel import EOF, Channel, ChannelAborted
-from ._hooks import StageInfo
-from ._node import Node
+from .._plugins.hooks import StageInfo
+from .._wire.channel import EOF, Channel, ChannelAborted
+from .node import Node
 
 if TYPE_CHECKING:
-    from ._protocols import InnerPipeline, Supervisor
+    from .._core.protocols import InnerPipeline, Supervisor
 
 __all__ = ["ChannelSource", "MergedSource", "PathVariantsStage", "merge_as_available"]
 

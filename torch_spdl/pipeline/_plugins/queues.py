@@ -2,7 +2,7 @@
 
 In SPDL every stage boundary is an ``asyncio.Queue`` on one event loop, and
 ``build(queue_class=...)`` replaces that queue. Here a boundary is a
-:class:`~torch_spdl.pipeline._channel.Channel` that threads and coroutines share without a
+:class:`~torch_spdl.pipeline._wire.channel.Channel` that threads and coroutines share without a
 loop round trip; routing every item through an ``asyncio.Queue`` would undo that. So a
 queue class plugs in as an **observer**: ``build`` makes one instance per boundary (with
 SPDL's ``name`` and ``buffer_size`` keywords), enters its ``stage_hook()`` on the
@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._channel import EMPTY, EOF, Channel
+from .._wire.channel import EMPTY, EOF, Channel
 
 __all__ = ["AsyncQueue", "ObservedChannel", "QueuePerfStats", "StatsQueue", "make_queue"]
 
@@ -264,7 +264,7 @@ def make_queue(
 def queue_hooks_task(queues: list[AsyncQueue]) -> Callable[[], Any]:
     """A background-task factory that holds every queue's ``stage_hook()`` open from
     start to stop (on the pipeline's event loop); a hook that fails is logged."""
-    from ._background import BackgroundTask
+    from .background import BackgroundTask
 
     class _QueueHooks(BackgroundTask):
         async def run(self) -> None:

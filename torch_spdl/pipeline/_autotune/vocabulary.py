@@ -2,8 +2,8 @@
 (:class:`AutotuneSample` of :class:`StageSample`), what it answers (:class:`Decision`),
 and the defaults a build needs before any tuning.
 
-Data only, apart from the controller (``_autotune_rules.py``) and the sampler thread
-(``_autotune.py``), so that the declaration side (``_config.py``) and the public API can
+Data only, apart from the controller (``rules.py``) and the sampler thread
+(``tuner.py``), so that the declaration side (``_declare/config.py``) and the public API can
 name them without importing either.
 """
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from ._channel import Channel, ChannelAborted
-from ._node import Node
-from ._protocols import StoppableSource
+from .._core.protocols import StoppableSource
+from .._wire.channel import Channel, ChannelAborted
+from .node import Node
 
 if TYPE_CHECKING:
-    from ._protocols import Supervisor
+    from .._core.protocols import Supervisor
 
 __all__ = ["SourceNode", "on_loop"]
 

@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any, Generic, NoReturn, TypeVar
 
-from ._channel import EOF, Channel, ChannelAborted
-from ._errors import PipelineFailure
-from ._runtime import STOPPED, Runtime
-from ._stats import StageStats, format_stats
-from ._trace import PipelineTrace
+from .._core.errors import PipelineFailure
+from .._core.stats import StageStats, format_stats
+from .._wire.channel import EOF, Channel, ChannelAborted
+from .runtime import STOPPED, Runtime
+from .trace_record import PipelineTrace
 
 __all__ = ["Pipeline"]
 

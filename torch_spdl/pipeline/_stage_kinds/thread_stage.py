@@ -28,13 +28,13 @@ from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ._channel import EMPTY, EOF, ChannelAborted
-from ._hooks import hooked_sync
-from ._node import OpStage
-from ._ops import OpKind, call_each, call_to_list
+from .._declare.ops import OpKind, call_each, call_to_list
+from .._plugins.hooks import hooked_sync
+from .._wire.channel import EMPTY, EOF, ChannelAborted
+from .node import OpStage
 
 if TYPE_CHECKING:
-    from ._protocols import Supervisor
+    from .._core.protocols import Supervisor
 
 __all__ = ["CHUNK_S", "MAX_CHUNK", "ThreadStage"]
 

@@ -5,8 +5,8 @@ stamps to a buffer owned by that worker alone (no lock), and a sampler thread re
 queue's depth and every stage's concurrency every few milliseconds. A pipeline built
 without tracing runs exactly the code it ran before tracing existed: the choice is made
 once per worker, not per item. What was recorded is read as a :class:`PipelineTrace`
-(``_trace.py``); the stages are seen through the :class:`~._protocols.TracedStage` and
-:class:`~._protocols.StageTracer` surfaces only.
+(``trace_record.py``); the stages are seen through the :class:`TracedStage` and
+:class:`StageTracer` surfaces only (``_core/protocols.py``).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._channel import Channel
-from ._trace import PipelineTrace, TraceDecision, TraceSample, TraceSpan
+from .._wire.channel import Channel
+from .trace_record import PipelineTrace, TraceDecision, TraceSample, TraceSpan
 
 if TYPE_CHECKING:
-    from ._protocols import Stage, TracedStage
+    from .._core.protocols import SupervisedStage, TracedStage
 
 __all__ = ["SAMPLE_INTERVAL", "Tracer"]
 
@@ -56,14 +56,14 @@ class Tracer:
             stage.tracer = self
 
     # -- recording (worker side) -----------------------------------------------------------
-    def _buffer(self, stage: Stage, worker: int) -> _Buffer:
+    def _buffer(self, stage: SupervisedStage, worker: int) -> _Buffer:
         buf = _Buffer(stage.name, worker)
         with self._lock:
             self._buffers.append(buf)
         return buf
 
     def wrap(
-        self, stage: Stage, worker: int, op: Callable[..., Any], *, generator: bool
+        self, stage: SupervisedStage, worker: int, op: Callable[..., Any], *, generator: bool
     ) -> Callable[..., Any]:
         """``op`` recording one span per call (a generator: until it is exhausted). A plain
         op may take any arguments (the general thread path's ``compute(item, outs)``)."""
@@ -93,7 +93,7 @@ class Tracer:
         return traced
 
     def wrap_async(
-        self, stage: Stage, worker: int, op: Callable[[Any], Any], *, generator: bool
+        self, stage: SupervisedStage, worker: int, op: Callable[[Any], Any], *, generator: bool
     ) -> Callable[[Any], Any]:
         """An async op (or async generator) recording one span per call."""
         append = self._buffer(stage, worker).stamps.append

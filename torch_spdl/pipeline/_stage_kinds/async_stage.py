@@ -8,7 +8,7 @@ above the current limit on futures of the loop; :meth:`AsyncStage.set_concurrenc
 called from any thread and wakes them through the loop.
 
 A coroutine ends through the same end-of-stream template as a thread
-(:meth:`~._node.Node.aend_worker`, the awaiting twin of ``end_worker``). An async stage
+(:meth:`~.node.Node.aend_worker`, the awaiting twin of ``end_worker``). An async stage
 holds nothing to flush: ``aggregate`` always runs as a thread stage, whatever the ops
 around it, so ``flush()`` is the base's empty one here; were it not, the template would
 ``aput`` what it returns, as a thread stage puts its partial batch.
@@ -21,14 +21,14 @@ import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ._channel import EOF, ChannelAborted
-from ._errors import describe_item
-from ._hooks import hooked_async
-from ._node import OpStage
-from ._ops import OpKind
+from .._core.errors import describe_item
+from .._declare.ops import OpKind
+from .._plugins.hooks import hooked_async
+from .._wire.channel import EOF, ChannelAborted
+from .node import OpStage
 
 if TYPE_CHECKING:
-    from ._protocols import Supervisor
+    from .._core.protocols import Supervisor
 
 __all__ = ["AsyncStage"]
 

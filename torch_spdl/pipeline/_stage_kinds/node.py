@@ -1,7 +1,7 @@
 """The base every stage shares: lifecycle, counters, failure policy and end of stream.
 
 The contract itself (what the runtime calls on a stage, what a stage may ask of the
-runtime) is written in ``_protocols.py``; this is the one implementation of it that every
+runtime) is written in ``_core/protocols.py``; this is the one implementation of it that every
 stage derives from.
 
 A node reads its ``inbox`` channel, writes its ``outbox`` channel and runs workers,
@@ -44,17 +44,17 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._autotune_meter import StageMeter
-from ._channel import Channel, ChannelAborted
-from ._errors import describe_item
-from ._failures import FailureBudget
-from ._ops import OpKind
-from ._protocols import QueueReading, StageReading
-from ._stats import Counters, StageStats
+from .._autotune.meter import StageMeter
+from .._core.errors import describe_item
+from .._core.protocols import QueueReading, StageReading
+from .._core.stats import Counters, StageStats
+from .._declare.failures import FailureLimit
+from .._declare.ops import OpKind
+from .._wire.channel import Channel, ChannelAborted
 
 if TYPE_CHECKING:
-    from ._hooks import TaskHook
-    from ._protocols import StageTracer, Supervisor, TracedStage, TunableStage
+    from .._core.protocols import StageTracer, Supervisor, TracedStage, TunableStage
+    from .._plugins.hooks import TaskHook
 
 __all__ = ["Node", "OpStage"]
 
@@ -75,14 +75,14 @@ class Node:
         *,
         workers: int = 1,
         max_failures: int = -1,
-        budget: FailureBudget | None = None,
+        budget: FailureLimit | None = None,
     ) -> None:
         self.name = name
         self.inbox = inbox
         self.outbox = outbox
         self.workers = workers  # how many workers launch() starts
         if budget is None:
-            budget = FailureBudget(max_failures, self.invocations)
+            budget = FailureLimit(max_failures, self.invocations)
         self.budget = budget
         self._failure: BaseException | None = None  # why this node failed the pipeline
         self._counters: list[Counters] = []
@@ -110,7 +110,7 @@ class Node:
         """Workers started so far: launch's, and those joined since (:meth:`join_worker`)."""
         return self._started
 
-    # -- what the runtime's helpers see (Stage.for_autotuner / for_tracer) ---------------
+    # -- what the runtime's helpers see (SupervisedStage.for_autotuner / for_tracer) -----
     def for_autotuner(self) -> TunableStage | None:
         """This node as the autotuner reads it; None: the autotuner does not see it."""
         return None
@@ -338,8 +338,8 @@ class OpStage(Node):
     (``starts_every_worker``) starts all ``bound`` of them at launch, the others start
     theirs as the concurrency grows (:meth:`Node.join_worker`).
     ``tracer``, when set before launch, records when each item's op started and ended.
-    An op stage is what the autotuner reads (:class:`~._protocols.TunableStage`), tuned or
-    not; an autotuned one's op is metered (wall and CPU time per item) from launch, and
+    An op stage is what the autotuner reads (:class:`TunableStage`), tuned or not; an
+    autotuned one's op is metered (wall and CPU time per item) from launch, and
     ``tune_key`` names it in what the tuner remembers between builds.
     """
 
@@ -358,7 +358,7 @@ class OpStage(Node):
         ordered: bool,
         max_failures: int = -1,
         max_workers: int | None = None,
-        budget: FailureBudget | None = None,
+        budget: FailureLimit | None = None,
         hooks: Sequence[TaskHook] = (),
         tune_key: Hashable | None = None,
         min_workers: int = 1,

@@ -1,13 +1,13 @@
 """The build: turn a declaration into nodes and channels, and hand them to a runtime.
 
-``build(config, options)`` is the one place where a :class:`~._config.PipelineConfig` meets
-the engine: it fuses ``to()`` regions, sizes the channel in front of each stage
-(:func:`queue_capacity`), makes one node per stage (threads for a sync op, coroutines for
-an async one, the regrouping and nested stages), shares the build-level failure budget
-among the stages without one of their own, and wraps it all in a :class:`Pipeline`.
-``build_pipeline`` is its public face, with ``build``'s keywords. Each call makes a fresh
-pipeline; nothing here keeps state between builds except what the autotuner remembers
-(``_autotune_memory``).
+``build(config, options)`` is the one place where a :class:`PipelineConfig` (the builder's,
+``_declare/config.py``) meets the engine: it fuses ``to()`` regions, sizes the channel in
+front of each stage (:func:`queue_capacity`), makes one node per stage (threads for a sync
+op, coroutines for an async one, the regrouping and nested stages), shares the build-level
+failure budget among the stages without one of their own, and wraps it all in a
+:class:`Pipeline`. ``build_pipeline`` is its public face, with ``build``'s keywords. Each
+call makes a fresh pipeline; nothing here keeps state between builds except what the
+autotuner remembers (``_autotune/memory.py``).
 """
 
 from __future__ import annotations
@@ -17,13 +17,9 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from . import _autotune_memory
-from ._aggregate import AggregateStage, DisaggregateStage
-from ._async_stage import AsyncStage
-from ._autotune import DEFAULT_START, DEFAULT_START_COROUTINES, AutotuneConfig
-from ._background import BackgroundTaskFactory
-from ._channel import Channel
-from ._config import (
+from .._autotune import DEFAULT_START, DEFAULT_START_COROUTINES, AutotuneConfig
+from .._autotune.memory import recall
+from .._declare.config import (
     AggregateConfig,
     BuildOptions,
     DisaggregateConfig,
@@ -32,19 +28,23 @@ from ._config import (
     PipelineConfig,
     StageConfig,
 )
-from ._failures import FailureBudget, MaxFailures
-from ._hooks import StageInfo, TaskHook, check_hooks
-from ._nested import MergedSource, PathVariantsStage
-from ._node import Node, OpStage
-from ._ops import classify_op
-from ._pipeline import Pipeline
-from ._placement import PlacementConfig, RegionConfig, fuse_regions
-from ._queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
-from ._region import RegionStage
-from ._runtime import Runtime
-from ._source import SourceNode
-from ._source import on_loop as source_on_loop
-from ._thread_stage import ThreadStage
+from .._declare.failures import FailureLimit, MaxFailures
+from .._declare.ops import classify_op
+from .._declare.placement import PlacementConfig, RegionConfig, fuse_regions
+from .._plugins.background import BackgroundTaskFactory
+from .._plugins.hooks import StageInfo, TaskHook, check_hooks
+from .._plugins.queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
+from .._stage_kinds.aggregate import AggregateStage, DisaggregateStage
+from .._stage_kinds.async_stage import AsyncStage
+from .._stage_kinds.nested import MergedSource, PathVariantsStage
+from .._stage_kinds.node import Node, OpStage
+from .._stage_kinds.region import RegionStage
+from .._stage_kinds.source import SourceNode
+from .._stage_kinds.source import on_loop as source_on_loop
+from .._stage_kinds.thread_stage import ThreadStage
+from .._wire.channel import Channel
+from .pipeline import Pipeline
+from .runtime import Runtime
 
 __all__ = ["build", "build_pipeline", "queue_capacity"]
 
@@ -154,9 +154,7 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
     # The build-level limit is one budget shared by the stages without a limit of their
     # own; it reads their item counts only when an item fails.
     shared: list[Node] = []
-    shared_budget = FailureBudget(
-        options.max_failures, lambda: sum(n.invocations() for n in shared)
-    )
+    shared_budget = FailureLimit(options.max_failures, lambda: sum(n.invocations() for n in shared))
     workers = [_workers(s, options.num_threads) for s in config.stages]
     queues: list[AsyncQueue] = []
 
@@ -287,14 +285,14 @@ def _op_stage(
     inbox: Channel[Any],
     outbox: Channel[Any],
     hooks: list[TaskHook],
-    shared_budget: FailureBudget,
+    shared_budget: FailureLimit,
 ) -> OpStage:
     """The node of a ``pipe`` stage: threads for a sync op, coroutines for an async one."""
     op, kind = classify_op(spec.op)
     own_limit = spec.max_failures is not None
     floor = min(spec.min_concurrency or 1, workers)
     default = DEFAULT_START_COROUTINES if kind.is_async else DEFAULT_START
-    start = spec.initial_concurrency or _autotune_memory.recall(spec.tune_key) or default
+    start = spec.initial_concurrency or recall(spec.tune_key) or default
     ordered = spec.output_order == "input"
     initial = max(floor, min(start, workers)) if spec.auto else workers
     max_failures = spec.max_failures if spec.max_failures is not None else -1

@@ -1,11 +1,11 @@
 """The autotuner's decisions: a controller fed one sample per tick, answering what to resize.
 
-Pure decision logic, kept apart from the thread that measures (``_autotune.py``) so that
+Pure decision logic, kept apart from the thread that measures (``tuner.py``) so that
 every rule can be tested on synthetic samples: it reads no clock and starts no thread.
 
 1. **Model** (the first ticks, short ones): from the first items through each stage, its
    wall and CPU seconds per item, Little's law sizes every autotuned stage at once
-   (``_autotune_model.py``). The jump is judged like any trial: reverted if it breaks the
+   (``model.py``). The jump is judged like any trial: reverted if it breaks the
    memory limit or does not raise throughput, scaled back if it goes over the CPU budget.
    Once it is kept, the model looks again over a few more short ticks, at the new
    concurrency (the first items are few, and run cold), and grows what it under-sized.
@@ -24,7 +24,7 @@ Why this file is one piece (over 400 lines): it is one state machine. The phases
 controller's state (the window of samples, the baseline, the trial under way, what is
 known not to help), and each rule reads what the others left; split across modules they
 would have to pass that state back and forth. Its data types are in
-``_autotune_config.py``, the sizing model in ``_autotune_model.py``.
+``vocabulary.py``, the sizing model in ``model.py``.
 """
 
 from __future__ import annotations
@@ -32,13 +32,7 @@ from __future__ import annotations
 import logging
 import math
 
-from ._autotune_config import (
-    AutotuneConfig,
-    AutotuneSample,
-    Decision,
-    StageSample,
-)
-from ._autotune_model import (
+from .model import (
     StageCost,
     cores_cap,
     early_target,
@@ -46,7 +40,13 @@ from ._autotune_model import (
     only_waits,
     process_hop,
 )
-from ._autotune_probes import cpu_count
+from .probes import cpu_count
+from .vocabulary import (
+    AutotuneConfig,
+    AutotuneSample,
+    Decision,
+    StageSample,
+)
 
 __all__ = ["AutotuneController"]
 

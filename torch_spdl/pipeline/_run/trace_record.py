@@ -1,6 +1,6 @@
 """What a traced run recorded: when each item's op started and ended, queue depths over time.
 
-Tracing is decided when a pipeline is built (``build(trace=True)``); ``_tracer.py``
+Tracing is decided when a pipeline is built (``build(trace=True)``); ``tracer.py``
 records, and this module holds the record, :class:`PipelineTrace`, and its two ways out:
 Chrome trace JSON (:func:`export_chrome_trace`) and a PNG (:func:`plot_trace`: per-stage
 throughput, queue occupancy and autotuned concurrency over time; matplotlib is imported

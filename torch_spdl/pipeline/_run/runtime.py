@@ -20,14 +20,14 @@ from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._autotune import AutotuneConfig, Autotuner
-from ._background import BackgroundTaskFactory, run_background
-from ._channel import Channel
-from ._errors import PipelineFailure
-from ._protocols import Stage
-from ._stats import StatsReporter
-from ._trace import PipelineTrace
-from ._tracer import Tracer
+from .._autotune import AutotuneConfig, Autotuner
+from .._core.errors import PipelineFailure
+from .._core.protocols import SupervisedStage
+from .._core.stats import StatsReporter
+from .._plugins.background import BackgroundTaskFactory, run_background
+from .._wire.channel import Channel
+from .trace_record import PipelineTrace
+from .tracer import Tracer
 
 __all__ = ["Runtime", "STOPPED"]
 
@@ -54,7 +54,7 @@ class Runtime:
 
     def __init__(
         self,
-        nodes: Sequence[Stage],
+        nodes: Sequence[SupervisedStage],
         channels: Sequence[Channel[Any]],
         *,
         report_stats_interval: float = -1,
@@ -230,7 +230,9 @@ class Runtime:
         """``"new"``, ``"running"`` or ``"stopped"``."""
         return self._state
 
-    def fail(self, error: Exception, *, node: Stage | None = None, num_failures: int = 0) -> None:
+    def fail(
+        self, error: Exception, *, node: SupervisedStage | None = None, num_failures: int = 0
+    ) -> None:
         """Record a stage's (or the engine's) error and stop what feeds it.
 
         With ``node``, only the channels upstream of it are aborted: the source and the

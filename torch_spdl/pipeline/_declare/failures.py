@@ -5,7 +5,7 @@
 of items says nothing (one failure in the first three items is 33%), so it is checked only
 once the stages it covers have run :func:`probation` invocations. Given to ``build`` the
 limit counts failures across every stage that does not set its own; given to ``pipe`` it
-counts that stage's alone. Each limit is a :class:`FailureBudget` shared by the stages it
+counts that stage's alone. Each limit is a :class:`FailureLimit` shared by the stages it
 covers; it is touched only when an item fails (and once when a stage ends), never on the
 per-item path.
 """
@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from fractions import Fraction
 
-__all__ = ["FailureBudget", "MaxFailures", "check_max_failures", "probation"]
+__all__ = ["FailureLimit", "MaxFailures", "check_max_failures", "probation"]
 
 MaxFailures = int | Fraction
 
@@ -47,7 +47,7 @@ def probation(rate: Fraction) -> int:
     return max(MIN_PROBATION, math.ceil(1 / rate))
 
 
-class FailureBudget:
+class FailureLimit:
     """One ``max_failures`` limit and the failures counted against it.
 
     ``invocations`` returns how many items the covered stages have taken so far (read

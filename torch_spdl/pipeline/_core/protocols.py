@@ -1,12 +1,13 @@
 """The contracts between the engine's layers, in one leaf module that imports none of them.
 
-Imports in ``torch_spdl.pipeline`` run one way: channel -> node -> stages -> runtime ->
-build. Where a lower layer must call up (a stage asks its supervisor to start a thread or
+Imports in ``torch_spdl.pipeline`` run one way, folder by folder: ``_wire``, then
+``_core`` and ``_plugins``, ``_autotune``, ``_declare``, ``_stage_kinds``, ``_run``, and the API
+on top. Where a lower layer must call up (a stage asks its supervisor to start a thread or
 to fail the pipeline; a stage's op is wrapped by the tracer) or an upper layer must read a
 lower one through a narrow surface (the autotuner reads a stage), the surface is written
 here, as a :class:`~typing.Protocol`, and both sides import it from here:
 
-- :class:`Stage`: what every node obeys, and all the runtime calls on it;
+- :class:`SupervisedStage`: what every node obeys, and all the runtime calls on it;
 - :class:`Supervisor`: what a stage may ask of the runtime that runs it;
 - :class:`StageTracer`: what a stage asks of the tracer that records its op;
 - :class:`TunableStage`: what an autotuned stage exposes to the autotuner, with the
@@ -24,13 +25,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # data types only: neither module imports anything of the engine
-    from ._channel import Channel
-    from ._stats import StageStats
+    from .._wire.channel import Channel
+    from .stats import StageStats
 
 __all__ = [
     "InnerPipeline",
     "QueueReading",
-    "Stage",
+    "SupervisedStage",
     "StageReading",
     "StageTracer",
     "StoppableSource",
@@ -52,11 +53,13 @@ class Supervisor(Protocol):
     def start_thread(self, target: Callable[[], None], name: str) -> bool:
         """Start one more owned thread while running; False once the pipeline stops."""
 
-    def fail(self, error: Exception, *, node: Stage | None = None, num_failures: int = 0) -> None:
+    def fail(
+        self, error: Exception, *, node: SupervisedStage | None = None, num_failures: int = 0
+    ) -> None:
         """Fail the pipeline with ``error``, stopping what is upstream of ``node``."""
 
 
-class Stage(Protocol):
+class SupervisedStage(Protocol):
     """The contract every node of a pipeline obeys; the runtime uses nothing else.
 
     A stage reads ``inbox`` (None for a source) and writes ``outbox``. The runtime calls
@@ -104,11 +107,11 @@ class StageTracer(Protocol):
     (``stage`` is the stage itself, ``worker`` the worker's index)."""
 
     def wrap(
-        self, stage: Stage, worker: int, op: Callable[..., Any], *, generator: bool
+        self, stage: SupervisedStage, worker: int, op: Callable[..., Any], *, generator: bool
     ) -> Callable[..., Any]: ...
 
     def wrap_async(
-        self, stage: Stage, worker: int, op: Callable[[Any], Any], *, generator: bool
+        self, stage: SupervisedStage, worker: int, op: Callable[[Any], Any], *, generator: bool
     ) -> Callable[[Any], Any]: ...
 
 
@@ -199,7 +202,7 @@ class TunableStage(Protocol):
 
 class InnerPipeline(Protocol):
     """A pipeline run inside a stage (``Merge`` inputs, ``path_variants`` paths), as that
-    stage drives it; a :class:`~._pipeline.Pipeline` is one."""
+    stage drives it; a :class:`~torch_spdl.pipeline.Pipeline` is one."""
 
     def start(self) -> None: ...
 

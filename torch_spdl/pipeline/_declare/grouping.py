@@ -2,7 +2,7 @@
 :class:`Collate`, the fixed-size grouping that ``aggregate(n)`` declares.
 
 This is declaration-side code: a builder holds an aggregator (and each build copies it),
-so it lives apart from the stage that runs it (``_aggregate.py``).
+so it lives apart from the stage that runs it (``_stage_kinds/aggregate.py``).
 """
 
 from __future__ import annotations

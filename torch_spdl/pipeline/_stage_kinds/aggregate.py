@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ._aggregator import Aggregator
-from ._channel import Channel
-from ._failures import FailureBudget
-from ._hooks import TaskHook, hooked_sync
-from ._ops import OpKind
-from ._thread_stage import ThreadStage
+from .._declare.failures import FailureLimit
+from .._declare.grouping import Aggregator
+from .._declare.ops import OpKind
+from .._plugins.hooks import TaskHook, hooked_sync
+from .._wire.channel import Channel
+from .thread_stage import ThreadStage
 
 __all__ = ["AggregateStage", "DisaggregateStage"]
 
@@ -34,7 +34,7 @@ class AggregateStage(ThreadStage):
         outbox: Channel[Any],
         hooks: Sequence[TaskHook] = (),
         *,
-        budget: FailureBudget | None = None,
+        budget: FailureLimit | None = None,
     ) -> None:
         # An item whose accumulate() raises is a failure like any op's: logged, counted
         # against the build's max_failures, dropped.
@@ -85,7 +85,7 @@ class DisaggregateStage(ThreadStage):
         outbox: Channel[Any],
         hooks: Sequence[TaskHook] = (),
         *,
-        budget: FailureBudget | None = None,
+        budget: FailureLimit | None = None,
     ) -> None:
         super().__init__(
             name,

@@ -1,14 +1,9 @@
-"""Automatic concurrency: the thread that measures a running pipeline and applies decisions.
+"""The autotuner's sampler thread: it measures a running pipeline and applies decisions.
 
-The tuner is split by job: ``_autotune_config.py`` names its knobs, samples and decisions
-(data only), ``_autotune_rules.py`` decides (pure logic, tested on synthetic
-samples), ``_autotune_model.py`` sizes stages from item costs (Little's law),
-``_autotune_meter.py`` measures those costs inside autotuned stages,
-``_autotune_probes.py`` reads the process (cores, CPU, memory), ``_autotune_memory.py``
-keeps what was learnt for the next build. This module is the sampler: every tick it reads
-each stage through the small :class:`TunableStage` surface (never a stage's queues or
-workers directly), turns the differences into an :class:`AutotuneSample`, asks the
-controller, applies the answer, records it in the trace, and remembers what is held.
+Every tick it reads each stage through the small :class:`TunableStage` surface (never a
+stage's queues or workers directly), turns the differences into an :class:`AutotuneSample`,
+asks the controller (``rules.py``), applies the answer, records it in the trace, and
+remembers what is held (``memory.py``).
 """
 
 from __future__ import annotations
@@ -19,40 +14,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from . import _autotune_memory as memory
-from ._autotune_config import (
-    DEFAULT_CPU_BUDGET,
-    DEFAULT_MAX_COROUTINES,
-    DEFAULT_MAX_THREADS,
-    DEFAULT_START,
-    DEFAULT_START_COROUTINES,
-    AutotuneConfig,
-    AutotuneSample,
-    Decision,
-    StageSample,
-)
-from ._autotune_probes import cpu_count, process_cpu_seconds, read_rss
-from ._autotune_rules import AutotuneController
-from ._protocols import QueueReading, StageReading, TunableStage
+from .._core.protocols import StageReading, TunableStage
+from . import memory
+from .probes import cpu_count, process_cpu_seconds, read_rss
+from .rules import AutotuneController
+from .vocabulary import AutotuneConfig, AutotuneSample, StageSample
 
-__all__ = [
-    "DEFAULT_CPU_BUDGET",
-    "DEFAULT_MAX_COROUTINES",
-    "DEFAULT_MAX_THREADS",
-    "DEFAULT_START",
-    "DEFAULT_START_COROUTINES",
-    "AutotuneConfig",
-    "AutotuneController",
-    "AutotuneSample",
-    "Autotuner",
-    "Decision",
-    "QueueReading",
-    "StageReading",
-    "StageSample",
-    "TunableStage",
-    "cpu_count",
-    "read_rss",
-]
+__all__ = ["Autotuner"]
 
 _LG = logging.getLogger("torch_spdl.pipeline.autotune")
 

@@ -42,14 +42,14 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ._channel import EMPTY, EOF, Channel, ChannelAborted
-from ._config import BuildOptions
-from ._errors import PipelineFailure, describe_item
-from ._node import Node
-from ._placement import ProcessPoolExecutorConfig
+from .._core.errors import PipelineFailure, describe_item
+from .._declare.config import BuildOptions
+from .._declare.placement import ProcessPoolExecutorConfig
+from .._wire.channel import EMPTY, EOF, Channel, ChannelAborted
+from .node import Node
 
 if TYPE_CHECKING:
-    from ._protocols import Supervisor
+    from .._core.protocols import Supervisor
 
 __all__ = ["CHUNK", "RegionBuild", "RegionStage"]
 

@@ -1,9 +1,9 @@
 """What a pipeline is, as data: the stage declarations, the pipeline's, and the build options.
 
 Everything here is a frozen description, with no thread, channel or stage of a run: the
-fluent :class:`~._builder.PipelineBuilder` records these, SPDL's ``defs`` module makes them
+fluent :class:`~..PipelineBuilder` records these, SPDL's ``defs`` module makes them
 directly, ``profile_pipeline`` and the subprocess runner take them apart, and
-``_build.py`` turns them into a running pipeline. :class:`BuildOptions` holds the options
+``_run/assemble.py`` turns them into a running pipeline. :class:`BuildOptions` holds the options
 of one build (``build``'s keywords), in one place for every entry point that builds.
 """
 
@@ -15,17 +15,17 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import _autotune_memory
-from ._aggregator import Aggregator, Collate
-from ._autotune_config import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
-from ._failures import MaxFailures, check_max_failures
-from ._ops import OpKind, classify_op, op_name
-from ._placement import PlacementConfig
+from .._autotune.memory import new_stage_id
+from .._autotune.vocabulary import DEFAULT_MAX_COROUTINES, DEFAULT_MAX_THREADS, AutotuneConfig
+from .failures import MaxFailures, check_max_failures
+from .grouping import Aggregator, Collate
+from .ops import OpKind, classify_op, op_name
+from .placement import PlacementConfig
 
 if TYPE_CHECKING:
-    from ._background import BackgroundTaskFactory
-    from ._hooks import StageInfo, TaskHook
-    from ._queues import AsyncQueue
+    from .._plugins.background import BackgroundTaskFactory
+    from .._plugins.hooks import StageInfo, TaskHook
+    from .._plugins.queues import AsyncQueue
 
 __all__ = [
     "AggregateConfig",
@@ -59,7 +59,7 @@ class PipeConfig:
     initial_concurrency: int | None = None
     # The stage id under which an autotuned stage's setting is kept for the next build of
     # this declaration (docs/autotune.md, "Keeping what was learnt").
-    tune_key: int = field(default_factory=_autotune_memory.new_stage_id, compare=False)
+    tune_key: int = field(default_factory=new_stage_id, compare=False)
     min_concurrency: int | None = None
 
     @property

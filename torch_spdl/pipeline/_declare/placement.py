@@ -4,8 +4,9 @@
 of stages that runs in worker processes. This module holds only the declaration side: the
 targets (SPDL's executor configs and ``MAIN_PROCESS``), the ``to()`` marker
 (:class:`PlacementConfig`) and :func:`fuse_regions`, which turns each marked run into one
-:class:`RegionConfig` at build time. How a region runs is ``_region.py``'s job; keeping the
-two apart lets the declaration be imported (and pickled) without the engine.
+:class:`RegionConfig` at build time. How a region runs is ``_stage_kinds/region.py``'s
+job; keeping the two apart lets the declaration be imported (and pickled) without the
+engine.
 """
 
 from __future__ import annotations
