@@ -94,12 +94,19 @@ def serve(shards: int, per_shard: int, width: int, height: int, latency: float) 
 
 
 # -- one measured run (a fresh process) --------------------------------------------------
-def _loader(impl: str, urls: list[str], options: dict[str, Any], batch: int, workers: int) -> Any:
+def _loader(
+    impl: str,
+    urls: list[str],
+    options: dict[str, Any],
+    batch: int,
+    workers: int,
+    spdl_kwargs: dict[str, Any],
+) -> Any:
     if impl == "torch_spdl":
         import torch_spdl
         from torch_spdl.streaming import StreamingDataset
 
-        ds = StreamingDataset(urls, image_size=(224, 224), storage_options=options)
+        ds = StreamingDataset(urls, image_size=(224, 224), storage_options=options, **spdl_kwargs)
         return torch_spdl.DataLoader(ds, batch_size=batch, num_workers=workers)
     import fsspec
     import torch
@@ -175,7 +182,8 @@ def run_once(
     meter = CpuMeter()
     meter.start()
     t0 = time.perf_counter()
-    loader = _loader(impl, setup["urls"], setup["options"], batch, workers)
+    kwargs = setup.get("spdl_kwargs", {})
+    loader = _loader(impl, setup["urls"], setup["options"], batch, workers, kwargs)
     samples, shape = 0, None
     for batch_ in loader:
         consume(batch_)
@@ -287,6 +295,13 @@ def main() -> int:
         default="train",
         help="what the training loop does with each batch (train: a CNN step)",
     )
+    parser.add_argument(
+        "--spdl-kwargs",
+        type=json.loads,
+        default={},
+        help="JSON: StreamingDataset arguments for the torch_spdl side (experiments; "
+        "the report's figures use the defaults, {})",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write DIR/streaming.md")
     parser.add_argument("--serve", nargs=4, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--run", choices=IMPLS, help=argparse.SUPPRESS)
@@ -322,7 +337,7 @@ def main() -> int:
         assert server.stdout is not None
         setup = json.loads(server.stdout.readline())
         setup_file = Path(f"/tmp/torch_spdl_streaming_bench_{os.getpid()}.json")
-        setup_file.write_text(json.dumps(setup))
+        setup_file.write_text(json.dumps({**setup, "spdl_kwargs": args.spdl_kwargs}))
         header = (
             f"{shards} shards x {per_shard} JPEG samples ({w}x{h}, "
             f"{setup['bytes'] / 2**20:.0f} MiB) on moto S3 (127.0.0.1, "
@@ -330,6 +345,8 @@ def main() -> int:
             f"batch {args.batch}, {args.workers} workers, {os.cpu_count()} cores, "
             f"consumer {args.consumer}"
         )
+        if args.spdl_kwargs:
+            header += f"; torch_spdl with {json.dumps(args.spdl_kwargs)}"
         print(header, flush=True)
         results: dict[str, list[dict[str, Any]]] = {impl: [] for impl in IMPLS}
         for r in range(repeats):
