@@ -32,7 +32,8 @@ whole process tree (the run's process and its worker processes, ``getrusage``: t
 the consumer used: the training process's main thread inside the consumer call, plus
 torch's intra-op threads, which only the consumer uses); and peak PSS of the run's process
 tree (sampled every 50 ms from outside). ``--out DIR`` also writes the table to
-``DIR/streaming.md``, which the benchmark report includes.
+``DIR/streaming.md`` (with the command and the machine), which the benchmark report
+includes.
 """
 
 from __future__ import annotations
@@ -373,7 +374,19 @@ def main() -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         stamp = datetime.date.today().isoformat()
         mode = "quick" if args.quick else "full"
-        text = [f"{header}; {mode} mode, {stamp}.", "", *rows, ""]
+        from _measure import machine
+
+        info = machine()
+        command = " ".join(["python", "benchmarks/streaming.py", *sys.argv[1:]])
+        text = [
+            f"{header}; {mode} mode, {stamp}.",
+            "",
+            f"Command: `{command}`; machine: {info['cores']} cores ({info['CPU']}), "
+            f"{info['memory']}, torch {info['torch']}, torch_spdl {info['torch_spdl']}.",
+            "",
+            *rows,
+            "",
+        ]
         (args.out / "streaming.md").write_text("\n".join(text))
     return 0
 

@@ -71,16 +71,25 @@ class _Epoch:
 
 
 def _threads(concurrency: Concurrency) -> int:
-    """Decode threads per consumer: the number given, or for ``"auto"`` the cores this
-    process may use."""
+    """Decode threads per consumer: the number given, or for ``"auto"`` this host's usable
+    cores shared out among the consumers on it (the DataLoader workers of this rank, times
+    ``LOCAL_WORLD_SIZE`` ranks), at least one: more decode threads than cores only take
+    the cores from the training step."""
     if concurrency != "auto":
         return concurrency
     import os
 
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    info = torch.utils.data.get_worker_info()
+    workers = 1 if info is None else info.num_workers
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, cores // (workers * ranks))
 
 
 class StreamingDataset(torch.utils.data.IterableDataset[Any]):
@@ -118,8 +127,9 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             of repeating some.
         even_out: give every consumer the same number of shards (default True).
         read_concurrency: ranged reads in flight per consumer, or ``"auto"``.
-        decode_concurrency: decode threads per consumer, or ``"auto"`` (one per core this
-            process may use).
+        decode_concurrency: decode threads per consumer, or ``"auto"`` (the default): the
+            usable cores divided among the consumers on this host (DataLoader workers
+            times ``LOCAL_WORLD_SIZE``), at least 1.
         chunk_size: the bytes of one ranged read.
         retry: how failed reads are retried (attempts, backoff, per-request timeout).
         max_failures_per_shard: bad samples (undecodable, or a tar that breaks off) a
@@ -143,7 +153,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         drop_last: bool = False,
         even_out: bool = True,
         read_concurrency: Concurrency = 16,
-        decode_concurrency: Concurrency = 2,
+        decode_concurrency: Concurrency = "auto",
         chunk_size: int = 16 << 20,
         retry: RetryPolicy | None = None,
         max_failures_per_shard: int = 0,
