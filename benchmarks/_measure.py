@@ -55,7 +55,14 @@ from typing import Any
 
 import psutil
 
-from torch_spdl.pipeline._autotune import cpu_count
+
+def cpu_count() -> int:
+    """The cores this process may run on (its affinity mask, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
 
 PRELOAD = ["torch", "torchvision", "av", "torch_spdl", "torch_spdl.data", "torch_spdl.io"]
 

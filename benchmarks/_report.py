@@ -14,9 +14,7 @@ from pathlib import Path
 
 import peers
 import swap
-from _measure import Result, Sample
-
-from torch_spdl.pipeline._autotune import cpu_count
+from _measure import Result, Sample, cpu_count
 
 CORES = cpu_count()
 

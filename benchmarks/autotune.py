@@ -52,19 +52,12 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _measure import cpu_count  # noqa: E402  (benchmarks/_measure.py, beside us)
 from engine import sync_stages  # noqa: E402  (benchmarks/engine.py, beside us)
 
 from torch_spdl.pipeline import AutotuneConfig, PipelineBuilder  # noqa: E402
 
 DEFAULT_CPU_BUDGET = AutotuneConfig().cpu_budget
-
-
-def cpu_count() -> int:
-    """The cores this process may run on (what the CPU budget is a fraction of)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 SINK = 16

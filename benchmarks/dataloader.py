@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from _consumers import touch as _touch  # benchmarks/_consumers.py: the shared consumers
 from _measure import PeakMemory, _pss_kb  # benchmarks/_measure.py, beside this script
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
@@ -148,16 +149,6 @@ class SmallTensorDataset(Dataset):
 
 
 # -- measuring ---------------------------------------------------------------------------
-
-
-def _touch(batch: Any) -> None:
-    """Read one element of every 4 KiB page of a tensor batch, as any real consumer (a copy
-    to the GPU, a normalisation) reads all of it: a page that was mapped but never read is
-    not delivered data, and reading it costs a page fault in the consumer for torch's
-    shared-memory batches too."""
-    if isinstance(batch, torch.Tensor) and batch.numel() * batch.element_size() >= 4096:
-        step = max(4096 // batch.element_size(), 1)
-        int(batch.reshape(-1)[::step].sum())
 
 
 def _rate(loader: Iterable[Any], n: int) -> float:

@@ -31,7 +31,7 @@ alternate which side goes first. A run stops after the batch that passes 8 s (3 
 pathologically slow configuration still gets a rate without eating the budget.
 
 A data loader is judged inside a training script, so every cell runs with three consumers
-(``--consumers``):
+(``--consumers``), defined in ``_consumers.py`` (shared with ``streaming.py``):
 
 - ``touch``: reads one element of every 4 KiB page of each tensor batch, as a training step
   reads all of it, and nothing else (the loader alone);
@@ -62,14 +62,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from _consumers import CONSUMERS, consumer_of
+from _consumers import touch_all as _touch_all
 from _measure import CpuMeter, Result, Spec, machine, measure_all
-from dataloader import ImageDataset, IntDataset, SleepDataset, SyncSleepStaged, _touch
+from dataloader import ImageDataset, IntDataset, SleepDataset, SyncSleepStaged
 from torch.utils.data import Dataset
 
 IMPLS = ("torch", "torch_spdl")
 STAGED = "torch_spdl-staged"
 THREAD = "torch_spdl-thread"
-CONSUMERS = ("touch", "train", "gpu")
 
 # -- datasets (module level: torch's forked workers see them) ------------------------------
 
@@ -296,67 +297,6 @@ def _count(batch: Any) -> int:
     if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], torch.Tensor):
         return len(batch[0])
     return len(batch)
-
-
-def _touch_all(batch: Any) -> None:
-    for part in batch if isinstance(batch, (list, tuple)) else (batch,):
-        _touch(part)
-
-
-class TrainStep:
-    """A small CNN's forward, backward and SGD step per batch, at torch's default intra-op
-    threads: on a 32x3x64x64 float input, the batch's own when it is a batch of images
-    (scaled and cropped to that), a fixed one otherwise (so every cell's step costs the
-    same, and competes for the same cores, GIL and allocator)."""
-
-    def __init__(self) -> None:
-        from torch import nn
-
-        g = torch.Generator().manual_seed(0)
-        self.model = nn.Sequential(
-            nn.Conv2d(3, 16, 3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, 3, stride=2, padding=1),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(32, 10),
-        )
-        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
-        self.fixed = torch.rand(32, 3, 64, 64, generator=g)
-        self.labels = torch.randint(0, 10, (32,), generator=g)
-
-    def __call__(self, batch: Any) -> None:
-        x = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
-        if isinstance(x, torch.Tensor) and x.dim() == 4 and x.shape[1] == 3:
-            x = x[:32, :, :64, :64].float().div_(255)
-            if x.shape != self.fixed.shape:
-                x = self.fixed
-        else:
-            x = self.fixed
-        loss = torch.nn.functional.cross_entropy(self.model(x), self.labels[: len(x)])
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-
-
-def gpu_step(batch: Any) -> None:
-    """What a GPU step costs the host: 2 ms of Python holding the GIL (kernel launches),
-    then 8 ms without it (waiting for the device)."""
-    _touch_all(batch)
-    end = time.perf_counter() + 0.002
-    n = 0
-    while time.perf_counter() < end:
-        n += 1
-    time.sleep(0.008)
-
-
-def consumer_of(kind: str) -> Callable[[Any], None]:
-    if kind == "train":
-        return TrainStep()
-    if kind == "gpu":
-        return gpu_step
-    return _touch_all
 
 
 def train_loop(

@@ -115,6 +115,37 @@ def test_mid_epoch_resume_is_identical_and_rereads_no_finished_shard(s3: Any) ->
     assert finished and not finished & read_again
 
 
+def test_the_buffer_holds_samples_undecoded(s3: Any) -> None:
+    """A sample is decoded once it is drawn from the shuffle buffer: the first sample
+    out of a buffer of 80 has not cost 80 decodes (the buffer holds the bytes as read)."""
+    decoded: list[int] = []
+
+    def count(data: bytes) -> int:
+        decoded.append(1)  # list.append is atomic: the decode threads call this
+        return int(data)
+
+    ds = _dataset(s3, seed=2, shuffle_buffer=80, decode={"cls": count})
+    it = iter(ds)
+    first = next(it)
+    assert isinstance(first["cls"], int) and isinstance(first["txt"], str)
+    assert len(decoded) < 40  # only what was drawn (decoding a few ahead), not the buffer
+    rest = [first["cls"], *(s["cls"] for s in it)]
+    assert sorted(rest) == ALL and len(decoded) == len(ALL)
+
+
+def test_a_sample_that_fails_to_decode_is_held_to_the_budget(s3: Any) -> None:
+    def picky(data: bytes) -> int:
+        value = int(data)
+        if value in (105, 307):
+            raise ValueError(f"bad sample {value}")
+        return value
+
+    with pytest.raises(ShardFailure, match=r"train-00[13]\.tar"):
+        list(_dataset(s3, decode={"cls": picky}))
+    kept = [s["cls"] for s in _dataset(s3, decode={"cls": picky}, max_failures_per_shard=1)]
+    assert sorted(kept) == [c for c in ALL if c not in (105, 307)]
+
+
 def test_faults_are_retried_away(s3: Any, http: Any) -> None:
     s3.faults.plan["/data/train-002.tar"] = ["503", "reset", "truncate"]
     http.faults.plan["/train-005.tar"] = ["503", "reset", "truncate", "hang"]

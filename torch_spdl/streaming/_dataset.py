@@ -3,8 +3,9 @@
 
 It is what a training script hands to ``torch_spdl.DataLoader`` (or torch's): each
 DataLoader worker of each rank reads its own shards of the epoch (:mod:`._plan`) through a
-pipeline of its own (:mod:`._stream`: ranged reads on an event loop, tar splitting,
-decoding on threads), mixes them in a shuffle buffer and yields samples (:mod:`._progress`).
+pipeline of its own (:mod:`._stream`: ranged reads on an event loop, tar splitting), mixes
+the raw samples in a shuffle buffer (:mod:`._progress`), and decodes the ones the buffer
+lets out on decode threads, a few ahead of the training loop, delivering them in order.
 ``state_dict()`` / ``load_state_dict()`` save and restore that position exactly; the
 torch_spdl DataLoader collects them from its workers with each batch, so a loader's
 ``state_dict()`` resumes a stream mid-epoch.
@@ -16,20 +17,21 @@ for code that builds its own pipeline.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal
 
 import torch.utils.data
 
 from ..pipeline import BackgroundTask, PipelineBuilder, PipelineFailure
-from ..pipeline.defs import Aggregator
 from ..source import resolve_rank_and_world_size
 from ._decode import Decoder, FieldDecoder
 from ._plan import Consumer, shards_of
 from ._progress import Progress
 from ._retry import RetryPolicy
 from ._store import Store
-from ._stream import Failed, Sample, ShardEnd, stream_builder
+from ._stream import Decode, Failed, Sample, stream_builder
 from ._urls import expand_urls
 
 __all__ = ["StreamingDataset"]
@@ -54,18 +56,40 @@ class _CloseStore(BackgroundTask):
             await self.store.close()
 
 
-class _Deliver(Aggregator):
-    """The consumer's end of a builder: the buffer, the failure budget (each build works
-    on a copy, so each starts the epoch afresh)."""
+class _Epoch:
+    """One consumer's epoch as a re-iterable source: every iteration starts it afresh."""
 
-    def __init__(self, progress: Progress) -> None:
-        self.progress = progress
+    def __init__(self, dataset: StreamingDataset, consumer: Consumer) -> None:
+        self.dataset = dataset
+        self.consumer = consumer
 
-    def accumulate(self, item: Sample | Failed | ShardEnd) -> list[Any] | None:
-        return list(self.progress.take(item)) or None
+    def __iter__(self) -> Iterator[Any]:
+        return self.dataset._deliver(self.dataset._new_progress(self.consumer))
 
-    def flush(self) -> list[Any] | None:
-        return list(self.progress.finish()) or None
+    def __repr__(self) -> str:
+        return f"the epoch of {self.consumer} of {self.dataset!r}"
+
+
+def _threads(concurrency: Concurrency) -> int:
+    """Decode threads per consumer: the number given, or for ``"auto"`` this host's usable
+    cores shared out among the consumers on it (the DataLoader workers of this rank, times
+    ``LOCAL_WORLD_SIZE`` ranks), at least one: more decode threads than cores only take
+    the cores from the training step."""
+    if concurrency != "auto":
+        return concurrency
+    import os
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    info = torch.utils.data.get_worker_info()
+    workers = 1 if info is None else info.num_workers
+    try:
+        ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        ranks = 1
+    return max(1, cores // (workers * ranks))
 
 
 class StreamingDataset(torch.utils.data.IterableDataset[Any]):
@@ -83,7 +107,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
     per (rank, DataLoader worker), with no shard read twice and none left out when their
     count divides evenly; otherwise ``drop_last`` / ``even_out`` decide as
     ``DistributedSampler``'s options do (see ``docs/streaming.md``). Samples are mixed in
-    a buffer of ``shuffle_buffer`` samples.
+    a buffer of ``shuffle_buffer`` samples; the buffer holds them undecoded (their
+    bytes as read), and a sample is decoded once it is drawn from it.
 
     Args:
         urls: shard URLs: a list, or a pattern with WebDataset's ``{000..099}`` ranges
@@ -94,14 +119,17 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         transform: applied to each decoded sample dict, on the decode threads.
         shuffle: shuffle the shards every epoch and the samples in the buffer.
         seed: the seed of every shuffle (the same on every rank).
-        shuffle_buffer: how many samples the shuffle buffer holds (0: no sample shuffle).
+        shuffle_buffer: how many samples the shuffle buffer holds, undecoded (0: no sample
+            shuffle).
         rank: this process's rank (default: from ``torch.distributed`` or ``RANK``).
         world_size: the number of ranks (default: detected likewise).
         drop_last: with ``even_out``, drop the shards that do not divide evenly instead
             of repeating some.
         even_out: give every consumer the same number of shards (default True).
         read_concurrency: ranged reads in flight per consumer, or ``"auto"``.
-        decode_concurrency: decode threads per consumer, or ``"auto"``.
+        decode_concurrency: decode threads per consumer, or ``"auto"`` (the default): the
+            usable cores divided among the consumers on this host (DataLoader workers
+            times ``LOCAL_WORLD_SIZE``), at least 1.
         chunk_size: the bytes of one ranged read.
         retry: how failed reads are retried (attempts, backoff, per-request timeout).
         max_failures_per_shard: bad samples (undecodable, or a tar that breaks off) a
@@ -125,7 +153,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         drop_last: bool = False,
         even_out: bool = True,
         read_concurrency: Concurrency = 16,
-        decode_concurrency: Concurrency = 2,
+        decode_concurrency: Concurrency = "auto",
         chunk_size: int = 16 << 20,
         retry: RetryPolicy | None = None,
         max_failures_per_shard: int = 0,
@@ -220,20 +248,13 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         return stream_builder(
             progress.tasks(),
             store,
-            self.decoder,
-            self.transform,
             read_concurrency=self.read_concurrency,
-            decode_concurrency=self.decode_concurrency,
             chunk_size=self.chunk_size,
         )
 
-    def __iter__(self) -> Iterator[Any]:
-        consumer = self.consumer()
-        progress = self._progress(consumer)
-        self._live = progress
-        if progress.exhausted:
-            return
-        store = Store(self.storage_options, self.retry, seed=consumer.index)
+    def _drawn(self, progress: Progress) -> Generator[Sample, None, None]:
+        """The raw samples this consumer's buffer lets out, in order."""
+        store = Store(self.storage_options, self.retry, seed=progress.consumer.index)
         pipeline = (
             self._stream(progress, store)
             .add_sink(16)
@@ -250,9 +271,48 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             raise
         yield from progress.finish()
 
+    def __iter__(self) -> Iterator[Any]:
+        progress = self._progress(self.consumer())
+        self._live = progress
+        yield from self._deliver(progress)
+
+    def _deliver(self, progress: Progress) -> Iterator[Any]:
+        """The samples of ``progress``'s epoch: drawn raw from the buffer, decoded on
+        threads (up to ``ahead`` of them at once), delivered in the order drawn."""
+        if progress.exhausted:
+            return
+        decode = Decode(self.decoder, self.transform)
+        threads = _threads(self.decode_concurrency)
+        ahead = max(16, 4 * threads)  # samples drawn and being decoded, at most
+        pool = ThreadPoolExecutor(threads, thread_name_prefix="torch_spdl.streaming.decode")
+        drawn = self._drawn(progress)
+        decoding: deque[Future[Sample | Failed]] = deque()
+        error: Exception | None = None
+        try:
+            while True:
+                while error is None and len(decoding) < ahead:
+                    try:
+                        decoding.append(pool.submit(decode, next(drawn)))
+                    except StopIteration:
+                        break
+                    except Exception as exc:  # what was drawn before it goes out first
+                        error = exc
+                if not decoding:
+                    break
+                ok, value = progress.settle(decoding.popleft().result())
+                if ok:
+                    yield value
+            if error is not None:
+                raise error
+        finally:
+            drawn.close()
+            pool.shutdown(wait=True, cancel_futures=True)
+
     def builder(self, consumer: Consumer | None = None) -> PipelineBuilder[Any, Any]:
         """This consumer's samples as a ``PipelineBuilder`` (no sink): shards in the
-        epoch's order, decoded, failures held to the budget, samples mixed in the buffer.
+        epoch's order, raw samples mixed in the buffer, the drawn ones decoded (on
+        ``decode_concurrency`` threads), failures held to the budget: the source yields
+        the samples :meth:`__iter__` would.
         Add stages (``aggregate``, a collate, ``add_sink``) and build it. Each build starts
         the epoch afresh; it does not resume (the dataset's iteration does).
 
@@ -260,15 +320,13 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             consumer: who reads (default: detected as in iteration).
         """
         consumer = self.consumer() if consumer is None else consumer
-        progress = self._new_progress(consumer)
-        store = Store(self.storage_options, self.retry, seed=consumer.index)
-        return self._stream(progress, store).aggregate(_Deliver(progress)).disaggregate()
+        return PipelineBuilder().add_source(_Epoch(self, consumer))
 
     # -- resumable state -----------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Where this consumer stands: what it delivered this epoch, what its shuffle
-        buffer holds (by identity: byte spans), and its RNG state. Small, and cheap to
-        take after every batch."""
+        """Where this consumer stands: what it delivered this epoch, what it drew from
+        its shuffle buffer and is still decoding, what the buffer holds (both by identity:
+        byte spans), and its RNG state. Small, and cheap to take after every batch."""
         if self._live is not None:
             return self._live.state_dict()
         if self._resume is not None:
