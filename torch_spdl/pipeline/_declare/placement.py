@@ -12,10 +12,11 @@ engine.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .._autotune.probes import cpu_count
 
 __all__ = [
     "MAIN_PROCESS",
@@ -51,12 +52,7 @@ class ExecutorConfig:
             raise ValueError(f"max_workers must be a positive int, got {self.max_workers!r}")
 
     def workers(self) -> int:
-        if self.max_workers is not None:
-            return self.max_workers
-        try:
-            return len(os.sched_getaffinity(0))
-        except AttributeError:  # not on Linux
-            return os.cpu_count() or 1
+        return self.max_workers if self.max_workers is not None else cpu_count()
 
 
 @dataclass(frozen=True)
