@@ -31,7 +31,8 @@ whole process tree (the run's process and its worker processes, ``getrusage``: t
 *includes* the consumer's training step), and of the loader alone (the same, less the CPU
 the consumer used: the training process's main thread inside the consumer call, plus
 torch's intra-op threads, which only the consumer uses); and peak PSS of the run's process
-tree (sampled every 50 ms from outside). ``--out DIR`` also writes the table to
+tree, sampled every 50 ms from outside in one more run a side that is not timed (the
+sampler costs the run it watches CPU: ``_measure``'s notes). ``--out DIR`` also writes the table to
 ``DIR/streaming.md`` (with the command and the machine), which the benchmark report
 includes.
 """
@@ -39,6 +40,7 @@ includes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import io
 import json
@@ -208,7 +210,11 @@ def run_once(
 IMPLS = ("torch_spdl", "webdataset")
 
 
-def _measure(impl: str, setup_file: str, batch: int, workers: int, consumer: str) -> dict[str, Any]:
+def _measure(
+    impl: str, setup_file: str, batch: int, workers: int, consumer: str, memory: bool
+) -> dict[str, Any]:
+    """One run in a fresh process; ``memory``: sample its peak PSS (a run of its own, not
+    timed: the sampler costs the run CPU, see ``_measure``'s notes)."""
     from _measure import PeakMemory
 
     cmd = [
@@ -226,12 +232,13 @@ def _measure(impl: str, setup_file: str, batch: int, workers: int, consumer: str
         consumer,
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    with PeakMemory(proc.pid) as mem:
+    sampler = PeakMemory(proc.pid) if memory else None
+    with sampler or contextlib.nullcontext():
         out, _ = proc.communicate(timeout=1200)
     if proc.returncode != 0:
         raise RuntimeError(f"{impl} run failed (exit {proc.returncode})")
     result = json.loads(out.strip().splitlines()[-1])
-    result["peak_mib"] = mem.peak_kb / 1024
+    result["peak_mib"] = sampler.peak_kb / 1024 if sampler is not None else None
     return result
 
 
@@ -244,7 +251,10 @@ def _loader_cpu(r: dict[str, Any]) -> float:
     return r["cpu_s"] - r["consumer_cpu_s"]
 
 
-def table(results: dict[str, list[dict[str, Any]]], consumer: str) -> list[str]:
+def table(
+    results: dict[str, list[dict[str, Any]]], peaks: dict[str, list[float]], consumer: str
+) -> list[str]:
+    """The timed runs' figures, and peak PSS from each side's memory runs."""
     rows = [
         f"consumer: `{consumer}` (every batch, both loaders)",
         "",
@@ -256,7 +266,7 @@ def table(results: dict[str, list[dict[str, Any]]], consumer: str) -> list[str]:
         rate = [r["samples"] / r["seconds"] for r in runs]
         cpu = [1000 * r["cpu_s"] / r["samples"] for r in runs]
         own = [1000 * _loader_cpu(r) / r["samples"] for r in runs]
-        pss = [r["peak_mib"] for r in runs]
+        pss = peaks[impl]
         rows.append(
             f"| {impl} | {_fmt(rate)} | {_fmt(cpu, 2)} | {_fmt(own, 2)} | {_fmt(pss)} "
             f"| {len(runs)} |"
@@ -272,7 +282,7 @@ def table(results: dict[str, list[dict[str, Any]]], consumer: str) -> list[str]:
         speed = ratio(lambda r: r["samples"] / r["seconds"])
         cpu = ratio(lambda r: r["cpu_s"] / r["samples"])
         own = ratio(lambda r: _loader_cpu(r) / r["samples"])
-        pss = ratio(lambda r: r["peak_mib"])
+        pss = statistics.median(peaks[IMPLS[0]]) / statistics.median(peaks[IMPLS[1]])
         rows.append("")
         rows.append(
             f"torch_spdl / webdataset (medians): throughput {speed:.2f}x; CPU per sample "
@@ -350,17 +360,25 @@ def main() -> int:
             header += f"; torch_spdl with {json.dumps(args.spdl_kwargs)}"
         print(header, flush=True)
         results: dict[str, list[dict[str, Any]]] = {impl: [] for impl in IMPLS}
-        for r in range(repeats):
+        peaks: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+        # one memory run a side first, then the timed rounds without the sampler
+        for r in range(-1, repeats):
             for impl in IMPLS if r % 2 == 0 else IMPLS[::-1]:
-                out = _measure(impl, str(setup_file), args.batch, args.workers, args.consumer)
+                memory = r < 0
+                out = _measure(
+                    impl, str(setup_file), args.batch, args.workers, args.consumer, memory
+                )
                 assert out["samples"] == shards * per_shard, out
                 assert tuple(out["shape"]) == (3, 224, 224), out
+                if memory:
+                    peaks[impl].append(out["peak_mib"])
+                    print(f"  {impl}: peak {out['peak_mib']:.0f} MiB (memory run)", flush=True)
+                    continue
                 results[impl].append(out)
                 print(
                     f"  {impl}: {out['samples'] / out['seconds']:,.0f} samples/s, "
                     f"{1000 * out['cpu_s'] / out['samples']:.2f} CPU s/1k "
-                    f"({1000 * _loader_cpu(out) / out['samples']:.2f} the loader), "
-                    f"{out['peak_mib']:.0f} MiB",
+                    f"({1000 * _loader_cpu(out) / out['samples']:.2f} the loader)",
                     flush=True,
                 )
         setup_file.unlink()
@@ -368,7 +386,7 @@ def main() -> int:
         if server.stdin is not None:
             server.stdin.close()
         server.wait(timeout=60)
-    rows = table(results, args.consumer)
+    rows = table(results, peaks, args.consumer)
     print("\n".join(rows))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
