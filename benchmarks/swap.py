@@ -626,7 +626,9 @@ def main(argv: list[str] | None = None) -> int:
         f"torch_spdl {info['torch_spdl']}, torch {info['torch']}, {info['cores']} cores, "
         f"{info['CPU']}; load average at start {info['load average at start']}; median of "
         f"{repeats} timed runs (min-max), fresh process each; peak memory from one more run "
-        f"each, PSS sampled every {args.sample_ms:g} ms; {time.perf_counter() - t0:.0f} s\n"
+        f"each, PSS sampled every {args.sample_ms:g} ms; timed runs that other processes "
+        f"disturbed dropped and run again: {sum(r.dropped for r in results)}; "
+        f"{time.perf_counter() - t0:.0f} s\n"
     )
     print("\n".join(tables(results)))
     for r in results:
