@@ -17,13 +17,12 @@ import torch.utils.data
 
 from ..pipeline import (
     BuildOptions,
-    OpKind,
-    PipeConfig,
     PipelineBuilder,
     PipelineConfig,
     StoppableSource,
     build_pipeline,
 )
+from ..pipeline.defs import PipeConfig
 from ..source import DistributedRandomSampler, resolve_rank_and_world_size
 
 __all__ = ["PipelineDataset"]
@@ -208,9 +207,8 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
                 f"{type(self).__name__} has no len(): its source {source!r} has no __len__ "
                 "(pass length=...)"
             )
-        one_to_one = (OpKind.FUNC, OpKind.ASYNC_FUNC)
         for stage in config.stages:
-            if not isinstance(stage, PipeConfig) or stage.kind not in one_to_one:
+            if not isinstance(stage, PipeConfig) or not stage.one_to_one:
                 raise TypeError(
                     f"{type(self).__name__} has no len(): stage {stage.label()!r} does not "
                     "make one item per input (pass length=...)"

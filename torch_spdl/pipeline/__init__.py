@@ -4,7 +4,7 @@ Mirrors ``spdl.pipeline``: code written for it keeps working after changing the 
 """
 
 from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
-from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
+from ._autotune import AutotuneConfig
 from ._builder import PipelineBuilder
 from ._compat import (
     cache_iterator,
@@ -21,10 +21,8 @@ from ._declare.config import (
     AggregateConfig,
     BuildOptions,
     DisaggregateConfig,
-    PipeConfig,
     PipelineConfig,
 )
-from ._declare.ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
 from ._plugins.background import BackgroundTask, BackgroundTaskFactory
 from ._plugins.hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._plugins.priority import (
@@ -51,13 +49,10 @@ __all__ = [
     "AggregateConfig",
     "AsyncQueue",
     "AutotuneConfig",
-    "AutotuneController",
-    "AutotuneSample",
     "BackgroundTask",
     "BackgroundTaskFactory",
     "BuildOptions",
     "DisaggregateConfig",
-    "PipeConfig",
     "Pipeline",
     "PipelineBuilder",
     "PipelineConfig",
@@ -72,7 +67,6 @@ __all__ = [
     "QueuePerfStats",
     "StageProfile",
     "StageInfo",
-    "StageSample",
     "StageStats",
     "StatsQueue",
     "StoppableSource",

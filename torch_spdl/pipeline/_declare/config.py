@@ -67,6 +67,11 @@ class PipeConfig:
         return classify_op(self.op)[1]
 
     @property
+    def one_to_one(self) -> bool:
+        """True when the op makes exactly one item per input (a function, not a generator)."""
+        return self.kind in (OpKind.FUNC, OpKind.ASYNC_FUNC)
+
+    @property
     def auto(self) -> bool:
         """True when the autotuner chooses this stage's concurrency."""
         return self.concurrency == "auto"
