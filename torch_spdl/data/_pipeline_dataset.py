@@ -18,7 +18,7 @@ import torch.utils.data
 from ..pipeline import (
     BuildOptions,
     PipelineBuilder,
-    PipelineConfig,
+    PipelineSpec,
     StoppableSource,
     build_pipeline,
 )
@@ -161,7 +161,7 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
         )
 
     # -- helpers -------------------------------------------------------------------------
-    def _get_config(self) -> PipelineConfig:
+    def _get_config(self) -> PipelineSpec:
         builder = self.builder if isinstance(self.builder, PipelineBuilder) else self.builder()
         if not isinstance(builder, PipelineBuilder):
             raise TypeError(f"the builder factory returned {builder!r}, not a PipelineBuilder")
@@ -191,7 +191,7 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
                 source = _AsyncShard(source, shard, num_shards)
             else:
                 source = _Shard(source, shard, num_shards)
-            config = PipelineConfig(source, list(config.stages), config.buffer_size)
+            config = PipelineSpec(source, list(config.stages), config.buffer_size)
         _LG.debug("PipelineDataset: shard %d of %d", shard, num_shards)
         pipeline = build_pipeline(config, options=self.build_options)
         with pipeline.auto_stop():

@@ -3,6 +3,8 @@
 Mirrors ``spdl.pipeline``: code written for it keeps working after changing the import.
 """
 
+import warnings
+
 from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
 from ._autotune import AutotuneConfig
 from ._builder import PipelineBuilder
@@ -21,7 +23,7 @@ from ._declare.config import (
     AggregateConfig,
     BuildOptions,
     DisaggregateConfig,
-    PipelineConfig,
+    PipelineSpec,
 )
 from ._plugins.background import BackgroundTask, BackgroundTaskFactory
 from ._plugins.hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
@@ -55,7 +57,7 @@ __all__ = [
     "DisaggregateConfig",
     "Pipeline",
     "PipelineBuilder",
-    "PipelineConfig",
+    "PipelineSpec",
     "PipelineFailure",
     "PipelineTrace",
     "PriorityExecutorEntrypoint",
@@ -90,3 +92,18 @@ __all__ = [
     "run_pipeline_in_subinterpreter",
     "run_pipeline_in_subprocess",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # ``PipelineConfig`` here was the builder's declaration, now ``PipelineSpec``: the name
+    # is SPDL's, for its own class (``defs.PipelineConfig``), so one name named two classes.
+    if name == "PipelineConfig":
+        warnings.warn(
+            "torch_spdl.pipeline.PipelineConfig is now PipelineSpec (what "
+            "PipelineBuilder.get_config() returns); SPDL's PipelineConfig is "
+            "torch_spdl.pipeline.defs.PipelineConfig",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return PipelineSpec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
