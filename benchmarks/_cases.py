@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import swap
+from _consumers import touch
 from _measure import CpuMeter
 from dataloader import (
     LARGE_KNOBS,
@@ -24,7 +25,6 @@ from dataloader import (
     SleepDataset,
     StringDataset,
     SyncSleepStaged,
-    _touch,
 )
 from torch.utils.data import DataLoader as TorchDataLoader
 
@@ -46,7 +46,7 @@ def _epochs(make: Callable[[], Iterable[Any]], epochs: int) -> dict[str, Any]:
         for batch in loader:
             if first is None:
                 first = time.perf_counter() - t0
-            _touch(batch)
+            touch(batch)
             count += len(batch)
     seconds = time.perf_counter() - t0
     meter.stop()

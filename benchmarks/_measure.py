@@ -140,7 +140,7 @@ class Result:
         return [s.peak_mib for s in (*self.memory_runs, *self.runs) if s.peak_mib is not None]
 
 
-def _pss_kb(pid: int) -> int:
+def pss_kb(pid: int) -> int:
     """PSS of one process in kB (RSS where ``smaps_rollup`` is missing); 0 once it is gone."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
@@ -215,7 +215,7 @@ class PeakMemory:
     def _run(self) -> None:
         while not self._stop.is_set():
             pids = _tree(self.pid)
-            total = sum(_pss_kb(p) for p in pids) + _shm_held_unmapped_kb(pids)
+            total = sum(pss_kb(p) for p in pids) + _shm_held_unmapped_kb(pids)
             self.peak_kb = max(self.peak_kb, total)
             self._stop.wait(self.interval)
 

@@ -7,16 +7,13 @@ the two spreads overlap: the report never claims a win it did not measure.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import peers
 import swap
-from _measure import Result, Sample, cpu_count
-
-CORES = cpu_count()
+from _figures import CORES, METRICS, figure_cell, run_values, spread, versus
+from _measure import Result
 
 
 @dataclass(frozen=True)
@@ -102,74 +99,6 @@ GROUPS: dict[str, Group] = {
 NAMED = ("engine", "swap", "peers")  # groups with their own tables, outside the paired sweeps
 
 
-# -- numbers --------------------------------------------------------------------------------
-
-
-def _stats(values: list[float]) -> tuple[float, float, float] | None:
-    values = [v for v in values if v == v]  # drop NaN
-    if not values:
-        return None
-    return statistics.median(values), min(values), max(values)
-
-
-def _fmt(values: list[float], digits: int = 0) -> str:
-    s = _stats(values)
-    if s is None:
-        return "not measured"
-    med, lo, hi = s
-    if len(values) == 1 or lo == hi:
-        return f"{med:,.{digits}f}"
-    return f"{med:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
-
-
-Metric = Callable[[Sample], float]
-
-METRICS: dict[str, tuple[str, Metric, bool, int]] = {
-    # key: (column title, value of a run, higher is better, digits)
-    "rate": ("{unit}/s", lambda s: s.rate, True, 0),
-    "peak": (
-        "peak memory, MiB",
-        lambda s: s.peak_mib if s.peak_mib is not None else float("nan"),
-        False,
-        0,
-    ),
-    "cpu": (f"CPU, % of {CORES} cores", lambda s: s.cpu_pct(CORES), False, 0),
-    "first": (
-        "first batch, ms",
-        lambda s: s.first_batch_s * 1000 if s.first_batch_s is not None else float("nan"),
-        False,
-        0,
-    ),
-}
-
-
-def _values(result: Result | None, metric: str) -> list[float]:
-    if result is None or not result.runs:
-        return []
-    if metric == "peak":  # from the memory runs (see _measure's notes)
-        return result.peaks()
-    fn = METRICS[metric][1]
-    return [fn(r) for r in result.runs]
-
-
-def _ratio(torch: Result | None, ours: Result | None, metric: str) -> tuple[str, str]:
-    """``ours / torch`` of the medians and a verdict; blank where either was not measured."""
-    t, o = _stats(_values(torch, metric)), _stats(_values(ours, metric))
-    if t is None or o is None or t[0] == 0:
-        return "-", "not compared"
-    ratio = o[0] / t[0]
-    higher_better = METRICS[metric][2]
-    if min(len(_values(torch, metric)), len(_values(ours, metric))) < 2:
-        verdict = "one run each: no verdict"
-    elif o[1] <= t[2] and t[1] <= o[2]:
-        verdict = "no clear difference (spreads overlap)"
-    elif (o[0] > t[0]) == higher_better:
-        verdict = "torch_spdl better"
-    else:
-        verdict = "torch better"
-    return f"{ratio:.2f}x", verdict
-
-
 # -- tables ---------------------------------------------------------------------------------
 
 
@@ -196,8 +125,8 @@ def _paired_table(results: list[Result], key: str) -> list[str]:
         torch, ours = pair.get("torch"), pair.get("torch_spdl")
         row = [str(param)]
         for m in metrics:
-            row += [_fmt(_values(torch, m)), _fmt(_values(ours, m))]
-        row += list(_ratio(torch, ours, "rate"))
+            row += [figure_cell(run_values(torch, m)), figure_cell(run_values(ours, m))]
+        row += list(versus(torch, ours, "rate"))
         lines.append("| " + " | ".join(row) + " |")
     return lines
 
@@ -211,8 +140,8 @@ def _engine_table(results: list[Result]) -> list[str]:
         if r.spec.group != "engine":
             continue
         lines.append(
-            f"| {r.spec.label} | {r.spec.impl} | {_fmt(_values(r, 'rate'))} | "
-            f"{_fmt(_values(r, 'cpu'))} | {_fmt(_values(r, 'peak'))} |"
+            f"| {r.spec.label} | {r.spec.impl} | {figure_cell(run_values(r, 'rate'))} | "
+            f"{figure_cell(run_values(r, 'cpu'))} | {figure_cell(run_values(r, 'peak'))} |"
         )
     return lines
 
@@ -239,7 +168,7 @@ def _summary(results: list[Result]) -> list[str]:
         counts = {"torch_spdl better": 0, "torch better": 0, "no clear": 0}
         total = 0
         for torch, ours in _comparisons(results):
-            _, verdict = _ratio(torch, ours, m)
+            _, verdict = versus(torch, ours, m)
             if verdict in ("not compared", "one run each: no verdict"):
                 continue
             total += 1
@@ -261,7 +190,7 @@ COLORS = {"torch": "#d9822b", "torch_spdl": "#2b6cb0"}
 
 
 def _errorbar(values: list[float]) -> tuple[float, float, float] | None:
-    s = _stats(values)
+    s = spread(values)
     if s is None:
         return None
     med, lo, hi = s
@@ -279,7 +208,7 @@ def _plot_lines(path: Path, results: list[Result], keys: list[str], xlabel: str)
         for impl in ("torch", "torch_spdl"):
             xs, ys, lo, hi = [], [], [], []
             for param, pair in _pairs(results, key).items():
-                e = _errorbar(_values(pair.get(impl), "rate"))
+                e = _errorbar(run_values(pair.get(impl), "rate"))
                 if e is not None:
                     xs.append(param)
                     ys.append(e[0])
@@ -312,7 +241,7 @@ def _plot_bars(path: Path, results: list[Result], metric: str, ylabel: str) -> b
         for k in GROUPS
         if k not in NAMED
         and any(
-            _values(p.get(i), metric) and _stats(_values(p.get(i), metric))
+            run_values(p.get(i), metric) and spread(run_values(p.get(i), metric))
             for p in _pairs(results, k).values()
             for i in ("torch", "torch_spdl")
         )
@@ -324,7 +253,7 @@ def _plot_bars(path: Path, results: list[Result], metric: str, ylabel: str) -> b
         pairs = _pairs(results, key)
         for j, impl in enumerate(("torch", "torch_spdl")):
             for i, pair in enumerate(pairs.values()):
-                e = _errorbar(_values(pair.get(impl), metric))
+                e = _errorbar(run_values(pair.get(impl), metric))
                 if e is None:
                     continue
                 ax.bar(

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 from _consumers import touch as _touch  # benchmarks/_consumers.py: the shared consumers
-from _measure import PeakMemory, _pss_kb  # benchmarks/_measure.py, beside this script
+from _measure import PeakMemory, pss_kb  # benchmarks/_measure.py, beside this script
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
 
@@ -151,7 +151,7 @@ class SmallTensorDataset(Dataset):
 # -- measuring ---------------------------------------------------------------------------
 
 
-def _rate(loader: Iterable[Any], n: int) -> float:
+def items_per_second(loader: Iterable[Any], n: int) -> float:
     """Samples per second over one epoch of ``loader`` (``n`` samples), reading every page."""
     t0 = time.perf_counter()
     count = 0
@@ -192,7 +192,7 @@ def _memory_loader(kind: str, n: int) -> Any:
 
 def child_memory(kind: str, n: int) -> dict[str, Any]:
     loader = _memory_loader(kind, n)
-    before = _pss_kb(os.getpid()) / 1024  # this process, dataset built, no worker yet
+    before = pss_kb(os.getpid()) / 1024  # this process, dataset built, no worker yet
     t0 = time.perf_counter()
     count = sum(len(b) for b in loader)
     return {"samples": count, "seconds": time.perf_counter() - t0, "before_mib": before}
@@ -271,13 +271,13 @@ def case_latency(repeats: int, quick: bool) -> list[Row]:
 
     def torch_run() -> float:
         loader = TorchDataLoader(SleepDataset(n_torch), batch_size=32, num_workers=TORCH_WORKERS)
-        return _rate(loader, n_torch)
+        return items_per_second(loader, n_torch)
 
     def spdl_run(dataset: Dataset, n: int, io: int) -> float:
         loader = torch_spdl.DataLoader(
             dataset, batch_size=32, num_workers=TORCH_WORKERS, io_concurrency=io
         )
-        return _rate(loader, n)
+        return items_per_second(loader, n)
 
     torch_rates = _times(repeats, torch_run)
     async_rates = _times(repeats, lambda: spdl_run(AsyncSleepStaged(n_async), n_async, 512))
@@ -320,8 +320,8 @@ def case_large(repeats: int, quick: bool) -> list[Row]:
             Row(
                 f"3x224x224 uint8, batch {bs}",
                 "/s",
-                _times(repeats, functools.partial(_rate, torch_loader, n)),
-                _times(repeats, functools.partial(_rate, spdl_loader, n)),
+                _times(repeats, functools.partial(items_per_second, torch_loader, n)),
+                _times(repeats, functools.partial(items_per_second, spdl_loader, n)),
                 ">= 2.00x",
                 lambda t, s: s >= 2 * t,
             )
@@ -338,10 +338,14 @@ def case_trivial(repeats: int, quick: bool) -> list[Row]:
     n = 64_000 if quick else 192_000
 
     def torch_run() -> float:
-        return _rate(TorchDataLoader(IntDataset(n), batch_size=32, num_workers=TORCH_WORKERS), n)
+        return items_per_second(
+            TorchDataLoader(IntDataset(n), batch_size=32, num_workers=TORCH_WORKERS), n
+        )
 
     def spdl_run(workers: int) -> float:
-        return _rate(torch_spdl.DataLoader(IntDataset(n), batch_size=32, num_workers=workers), n)
+        return items_per_second(
+            torch_spdl.DataLoader(IntDataset(n), batch_size=32, num_workers=workers), n
+        )
 
     torch_rates = _times(repeats, torch_run)
     ours = {w: _times(repeats, lambda w=w: spdl_run(w)) for w in (0, 1, 2)}

@@ -24,20 +24,20 @@ from torch_spdl.pipeline import PipelineBuilder, TaskStatsHook
 SINK = 64
 
 
-def _noop(x: int) -> int:
+def noop(x: int) -> int:
     return x
 
 
-async def _anoop(x: int) -> int:
+async def anoop(x: int) -> int:
     return x
 
 
-def _sleep(x: int) -> int:
+def sleep_10ms(x: int) -> int:
     time.sleep(0.01)
     return x
 
 
-async def _asleep(x: int) -> int:
+async def asleep_10ms(x: int) -> int:
     await asyncio.sleep(0.01)
     return x
 
@@ -65,21 +65,21 @@ def _run(builder: PipelineBuilder, n: int, *, trace: bool = False, hooks: bool =
 def sync_stages(n: int, *, trace: bool = False) -> float:
     b = PipelineBuilder().add_source(range(n))
     for _ in range(3):
-        b.pipe(_noop, concurrency=4)
+        b.pipe(noop, concurrency=4)
     return _run(b.add_sink(SINK), n, trace=trace)
 
 
 def async_stages(n: int, *, hooks: bool = False) -> float:
     b = PipelineBuilder().add_source(range(n))
     for _ in range(3):
-        b.pipe(_anoop)
+        b.pipe(anoop)
     return _run(b.add_sink(SINK), n, hooks=hooks)
 
 
 def sync_stages_hooked(n: int) -> float:
     b = PipelineBuilder().add_source(range(n))
     for _ in range(3):
-        b.pipe(_noop, concurrency=4)
+        b.pipe(noop, concurrency=4)
     return _run(b.add_sink(SINK), n, hooks=True)
 
 
@@ -89,12 +89,12 @@ def source_to_sink(n: int, sink: int | None = None) -> float:
 
 def sync_sleep(n: int) -> float:
     return _run(
-        PipelineBuilder().add_source(range(n)).pipe(_sleep, concurrency=64).add_sink(SINK), n
+        PipelineBuilder().add_source(range(n)).pipe(sleep_10ms, concurrency=64).add_sink(SINK), n
     )
 
 
 def async_sleep(n: int) -> float:
-    b = PipelineBuilder().add_source(range(n)).pipe(_asleep, concurrency=512).add_sink(SINK)
+    b = PipelineBuilder().add_source(range(n)).pipe(asleep_10ms, concurrency=512).add_sink(SINK)
     return _run(b, n)
 
 
@@ -144,10 +144,13 @@ def gil_threads(n: int) -> float:
 
 
 def _torch(n: int, workers: int) -> float:
-    from dataloader import IntDataset, _rate  # benchmarks/dataloader.py, beside this script
+    from dataloader import (  # benchmarks/dataloader.py, beside this script
+        IntDataset,
+        items_per_second,
+    )
     from torch.utils.data import DataLoader
 
-    return _rate(DataLoader(IntDataset(n), batch_size=32, num_workers=workers), n)
+    return items_per_second(DataLoader(IntDataset(n), batch_size=32, num_workers=workers), n)
 
 
 CASES: list[tuple[str, Callable[[int], float], int, str]] = [

@@ -60,7 +60,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from _measure import CpuMeter, Result, Spec  # noqa: E402
-from engine import _anoop, _asleep, _noop, _sleep  # noqa: E402  (engine.py's stage ops)
+from engine import anoop, asleep_10ms, noop, sleep_10ms  # noqa: E402  (engine.py's stage ops)
 
 GROUP = "peers"
 CLIP = dict(width=320, height=240, seconds=10, fps=30, gop=30)
@@ -353,9 +353,9 @@ def engine_or_io(workload: str, contender: str, n: int) -> dict[str, Any]:
     is_async = contender.endswith("async")
     fn: Callable[..., Any]
     if workload == "engine":
-        fn = _anoop if is_async else _noop
+        fn = anoop if is_async else noop
     else:
-        fn = _asleep if is_async else _sleep
+        fn = asleep_10ms if is_async else sleep_10ms
     if contender.startswith("torch_spdl"):
         if is_async and workload == "engine":
             conc = 1  # engine.py's async case: one coroutine at a time per stage

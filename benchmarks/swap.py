@@ -64,6 +64,7 @@ import numpy as np
 import torch
 from _consumers import CONSUMERS, consumer_of
 from _consumers import touch_all as _touch_all
+from _figures import METRICS, figure_cell, run_values, spread, versus
 from _measure import CpuMeter, Result, Spec, machine, measure_all
 from dataloader import ImageDataset, IntDataset, SleepDataset, SyncSleepStaged
 from torch.utils.data import Dataset
@@ -456,9 +457,8 @@ def rows(results: list[Result]) -> list[tuple[str, int, Result | None, Result | 
 def target_status(torch_r: Result | None, ours: Result | None, metric: str, target: float) -> str:
     """Whether ``ours`` meets ``target`` x torch (rates: at least; memory: at most), on the
     medians, and whether the spreads make it clear."""
-    from _report import METRICS, _stats, _values
 
-    t, o = _stats(_values(torch_r, metric)), _stats(_values(ours, metric))
+    t, o = spread(run_values(torch_r, metric)), spread(run_values(ours, metric))
     if t is None or o is None:
         return "not measured"
     sign = 1 if METRICS[metric][2] else -1  # compare as "higher is better"
@@ -481,7 +481,6 @@ def target_of(name: str) -> float:
 
 def tables(results: list[Result]) -> list[str]:
     """Markdown: throughput with targets, then peak memory, first batch and CPU."""
-    from _report import METRICS, _fmt, _ratio, _values
 
     cpu_title = METRICS["cpu"][0]
     head1 = "| cell | workers | torch samples/s | torch_spdl samples/s | ratio | verdict | target |"
@@ -494,16 +493,17 @@ def tables(results: list[Result]) -> list[str]:
     memory = [head2, "| --- | ---: |" + " ---: |" * 3 + " --- |" + " ---: |" * 4]
     for name, workers, t, o in rows(results):
         goal = target_of(name)
-        ratio, verdict = _ratio(t, o, "rate")
+        ratio, verdict = versus(t, o, "rate")
         target = f">= {goal:.1f}x: {target_status(t, o, 'rate', goal)}"
+        rate_t, rate_o = (figure_cell(run_values(r, "rate")) for r in (t, o))
         speed.append(
-            f"| {name} | {workers} | {_fmt(_values(t, 'rate'))} | {_fmt(_values(o, 'rate'))} "
-            f"| {ratio} | {verdict} | {target} |"
+            f"| {name} | {workers} | {rate_t} | {rate_o} | {ratio} | {verdict} | {target} |"
         )
-        peak_ratio, _ = _ratio(t, o, "peak")
-        cells = [_fmt(_values(r, m)) for m in ("first", "cpu") for r in (t, o)]
+        peak_ratio, _ = versus(t, o, "peak")
+        cells = [figure_cell(run_values(r, m)) for m in ("first", "cpu") for r in (t, o)]
+        peak_t, peak_o = (figure_cell(run_values(r, "peak")) for r in (t, o))
         memory.append(
-            f"| {name} | {workers} | {_fmt(_values(t, 'peak'))} | {_fmt(_values(o, 'peak'))} "
+            f"| {name} | {workers} | {peak_t} | {peak_o} "
             f"| {peak_ratio} | {target_status(t, o, 'peak', 1.0)} | " + " | ".join(cells) + " |"
         )
     return ["### Throughput", "", *speed, "", "### Peak memory, first batch, CPU", "", *memory]
@@ -511,9 +511,8 @@ def tables(results: list[Result]) -> list[str]:
 
 def _ratio_spread(t: Result | None, o: Result | None, metric: str) -> tuple[float, ...] | None:
     """Median ratio ours / torch, and the lowest and highest ratio the spreads allow."""
-    from _report import _stats, _values
 
-    ts, os_ = _stats(_values(t, metric)), _stats(_values(o, metric))
+    ts, os_ = spread(run_values(t, metric)), spread(run_values(o, metric))
     if ts is None or os_ is None or ts[0] == 0:
         return None
     return os_[0] / ts[0], os_[1] / ts[2], os_[2] / ts[1]

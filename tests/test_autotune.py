@@ -22,14 +22,15 @@ from _sync import WAIT, Gate
 from torch_spdl import DataLoader, StagedDataset
 from torch_spdl.pipeline import (
     AutotuneConfig,
-    AutotuneController,
-    AutotuneSample,
     PipelineBuilder,
     PipelineTrace,
-    StageSample,
     TraceDecision,
     build_pipeline,
 )
+
+# The controller and its samples are internal: the decisions are tested on synthetic
+# samples, without the sampler thread.
+from torch_spdl.pipeline._autotune import AutotuneController, AutotuneSample, StageSample
 
 MAX = 64
 

@@ -17,13 +17,12 @@ import torch.utils.data
 
 from ..pipeline import (
     BuildOptions,
-    OpKind,
-    PipeConfig,
     PipelineBuilder,
-    PipelineConfig,
+    PipelineSpec,
     StoppableSource,
     build_pipeline,
 )
+from ..pipeline.defs import PipeConfig
 from ..source import DistributedRandomSampler, resolve_rank_and_world_size
 
 __all__ = ["PipelineDataset"]
@@ -162,7 +161,7 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
         )
 
     # -- helpers -------------------------------------------------------------------------
-    def _get_config(self) -> PipelineConfig:
+    def _get_config(self) -> PipelineSpec:
         builder = self.builder if isinstance(self.builder, PipelineBuilder) else self.builder()
         if not isinstance(builder, PipelineBuilder):
             raise TypeError(f"the builder factory returned {builder!r}, not a PipelineBuilder")
@@ -192,7 +191,7 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
                 source = _AsyncShard(source, shard, num_shards)
             else:
                 source = _Shard(source, shard, num_shards)
-            config = PipelineConfig(source, list(config.stages), config.buffer_size)
+            config = PipelineSpec(source, list(config.stages), config.buffer_size)
         _LG.debug("PipelineDataset: shard %d of %d", shard, num_shards)
         pipeline = build_pipeline(config, options=self.build_options)
         with pipeline.auto_stop():
@@ -208,9 +207,8 @@ class PipelineDataset(torch.utils.data.IterableDataset[T], Generic[T]):
                 f"{type(self).__name__} has no len(): its source {source!r} has no __len__ "
                 "(pass length=...)"
             )
-        one_to_one = (OpKind.FUNC, OpKind.ASYNC_FUNC)
         for stage in config.stages:
-            if not isinstance(stage, PipeConfig) or stage.kind not in one_to_one:
+            if not isinstance(stage, PipeConfig) or not stage.one_to_one:
                 raise TypeError(
                     f"{type(self).__name__} has no len(): stage {stage.label()!r} does not "
                     "make one item per input (pass length=...)"

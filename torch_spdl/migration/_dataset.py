@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import libcst as cst
 
-from ._facts import class_context, module_context
+from ._facts import ModuleContext, class_context, module_context
 from ._names import ImportMap, walk
 from ._report import Decision
 from ._split import Refusal, SplitPlan, plan_split
@@ -129,56 +129,14 @@ def plan_datasets(
     for cls in classes:
         name = cls.name.value
         line = line_of(cls)
-        bases = _base_names(cls, imports)
         methods = _methods(cls)
-        if any(b in _STAGED for b in bases):
-            decisions.append(Decision(line, "skipped", f"class {name}: already staged", name))
+        skipped, why = _skipped(name, _base_names(cls, imports), methods)
+        if skipped:
+            if why is not None:
+                decisions.append(Decision(line, "skipped", why, name))
             continue
-        if any(b in ITERABLE_BASES for b in bases):
-            decisions.append(
-                Decision(
-                    line,
-                    "skipped",
-                    f"class {name}: an IterableDataset has no __getitem__ to split "
-                    "(torch_spdl.PipelineDataset runs a staged pipeline as one)",
-                    name,
-                )
-            )
-            continue
-        if not any(b in DATASET_BASES for b in bases):
-            if "__getitem__" in methods and bases:
-                decisions.append(
-                    Decision(
-                        line,
-                        "skipped",
-                        f"class {name}: not a direct subclass of torch.utils.data.Dataset "
-                        f"(bases: {', '.join(bases)}); left alone",
-                        name,
-                    )
-                )
-            continue
-        fn = methods.get("__getitem__")
-        if fn is None:
-            decisions.append(
-                Decision(line, "skipped", f"class {name}: defines no __getitem__", name)
-            )
-            continue
-        taken = [m for m in _RESERVED if m in methods]
-        overriding = _overriding_subclass(cls, children)
-        if taken:
-            result: SplitPlan | Refusal = Refusal(
-                f"the class already defines {', '.join(taken)}", line_of(fn)
-            )
-        elif overriding is not None:
-            sub, method = overriding
-            result = Refusal(
-                f"its subclass {sub.name.value} overrides {method} (line {line_of(sub)}): "
-                "split, torch_spdl's DataLoader would run this class's "
-                f"load and process stages for it{_HIJACK if method != '__getitem__' else ''}",
-                line_of(fn),
-            )
-        else:
-            result = plan_split(fn, class_context(cls, module_ctx), line_of)
+        fn = methods["__getitem__"]
+        result = _split_or_refuse(cls, fn, methods, children, module_ctx, line_of)
         if isinstance(result, Refusal):
             decisions.append(
                 Decision(
@@ -189,25 +147,78 @@ def plan_datasets(
                 )
             )
             continue
-        stages = ["load (io)", "process (cpu)"]
-        passed = ", ".join(result.passed)
-        decisions.append(
-            Decision(
-                line,
-                "split",
-                f"class {name}: split __getitem__ into 2 stages: load (io, "
-                f"{_lines(result.load_lines)}: {', '.join(result.io_labels)}) -> process "
-                f"(cpu, {_lines(result.process_lines)}); load passes "
-                f"({passed}) to process; __getitem__ now returns "
-                f"self.process(self.load({result.index_param.name.value}))",
-                name,
-                stages,
-            )
-        )
-        for note in result.notes:
-            decisions.append(Decision(line, "note", f"class {name}: {note}", name))
+        decisions += _split_decisions(name, line, result)
         plans[cls] = DatasetPlan(result, result.docstring is not None, len(result.load))
     return plans
+
+
+def _skipped(
+    name: str, bases: list[str], methods: dict[str, cst.FunctionDef]
+) -> tuple[bool, str | None]:
+    """Whether class ``name`` is left alone before a split is planned, and the reason to
+    record (None: none, it is not a dataset)."""
+    if any(b in _STAGED for b in bases):
+        return True, f"class {name}: already staged"
+    if any(b in ITERABLE_BASES for b in bases):
+        return True, (
+            f"class {name}: an IterableDataset has no __getitem__ to split "
+            "(torch_spdl.PipelineDataset runs a staged pipeline as one)"
+        )
+    if not any(b in DATASET_BASES for b in bases):
+        if "__getitem__" in methods and bases:
+            return True, (
+                f"class {name}: not a direct subclass of torch.utils.data.Dataset "
+                f"(bases: {', '.join(bases)}); left alone"
+            )
+        return True, None
+    if "__getitem__" not in methods:
+        return True, f"class {name}: defines no __getitem__"
+    return False, None
+
+
+def _split_or_refuse(
+    cls: cst.ClassDef,
+    fn: cst.FunctionDef,
+    methods: dict[str, cst.FunctionDef],
+    children: dict[str, list[cst.ClassDef]],
+    module_ctx: ModuleContext,
+    line_of: Callable[[cst.CSTNode], int],
+) -> SplitPlan | Refusal:
+    """The split of ``cls``'s ``__getitem__`` (``fn``), or why it stays one stage: the
+    names the split adds are taken, a subclass would be run wrong, or ``plan_split``'s
+    own reasons."""
+    taken = [m for m in _RESERVED if m in methods]
+    if taken:
+        return Refusal(f"the class already defines {', '.join(taken)}", line_of(fn))
+    overriding = _overriding_subclass(cls, children)
+    if overriding is not None:
+        sub, method = overriding
+        return Refusal(
+            f"its subclass {sub.name.value} overrides {method} (line {line_of(sub)}): "
+            "split, torch_spdl's DataLoader would run this class's "
+            f"load and process stages for it{_HIJACK if method != '__getitem__' else ''}",
+            line_of(fn),
+        )
+    return plan_split(fn, class_context(cls, module_ctx), line_of)
+
+
+def _split_decisions(name: str, line: int, result: SplitPlan) -> list[Decision]:
+    """The report's lines for a split of class ``name``: the split, then its notes."""
+    passed = ", ".join(result.passed)
+    split = Decision(
+        line,
+        "split",
+        f"class {name}: split __getitem__ into 2 stages: load (io, "
+        f"{_lines(result.load_lines)}: {', '.join(result.io_labels)}) -> process "
+        f"(cpu, {_lines(result.process_lines)}); load passes "
+        f"({passed}) to process; __getitem__ now returns "
+        f"self.process(self.load({result.index_param.name.value}))",
+        name,
+        ["load (io)", "process (cpu)"],
+    )
+    return [split] + [
+        Decision(line, "note", f"class {name}: {note}", name) for note in result.notes
+    ]
 
 
 def _lines(span: tuple[int, int]) -> str:

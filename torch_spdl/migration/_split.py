@@ -86,7 +86,36 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
         return Refusal("__getitem__ has no statements", line_of(fn))
     fctx = function_context(fn, ctx)
     facts = [statement_facts(s, fctx) for s in stmts]
+    refusal = _body_refusal(fn, stmts, facts, line_of)
+    if refusal is not None:
+        return refusal
+    cut = max(i for i, f in enumerate(facts) if f.io) + 1
+    refusal = _cut_refusal(stmts, facts, cut, line_of) or _shared_state(stmts, facts, cut, line_of)
+    if refusal is not None:
+        return refusal
+    index_param = fn.params.params[1]
+    passed = _passed(index_param, stmts, facts, cut, line_of)
+    if isinstance(passed, Refusal):
+        return passed
+    io_labels = list(dict.fromkeys(label for f in facts[:cut] for label in f.io))
+    return SplitPlan(
+        index_param=index_param,
+        docstring=docstring,
+        load=stmts[:cut],
+        process=stmts[cut:],
+        passed=passed,
+        io_labels=io_labels,
+        load_lines=(line_of(stmts[0]), line_of(stmts[cut - 1])),
+        process_lines=(line_of(stmts[cut]), line_of(stmts[-1])),
+        notes=_notes(stmts, facts, cut, line_of),
+    )
 
+
+def _body_refusal(
+    fn: cst.FunctionDef, stmts: list[cst.BaseStatement], facts: list[Facts], line_of: LineOf
+) -> Refusal | None:
+    """What refuses the body wherever the cut falls: a generator, shared names, no I/O,
+    I/O in a loop that also does CPU work."""
     for s, f in zip(stmts, facts, strict=True):
         if f.yields:
             return Refusal("__getitem__ yields (it is a generator)", line_of(s))
@@ -95,8 +124,7 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
                 "__getitem__ declares global/nonlocal names: state shared across samples",
                 line_of(s),
             )
-    io_at = [i for i, f in enumerate(facts) if f.io]
-    if not io_at:
+    if not any(f.io for f in facts):
         return Refusal(
             "no I/O recognised in __getitem__ (file, URL, object-store or handle reads); "
             "nothing to split",
@@ -108,7 +136,14 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
                 "I/O inside a loop that also does CPU work: the two cannot be separated",
                 line_of(f.mixed_loops[0]),
             )
-    cut = io_at[-1] + 1
+    return None
+
+
+def _cut_refusal(
+    stmts: list[cst.BaseStatement], facts: list[Facts], cut: int, line_of: LineOf
+) -> Refusal | None:
+    """What refuses a cut before statement ``cut``: a shared random draw before it,
+    nothing after it, an early return before it."""
     for s, f in zip(stmts[:cut], facts[:cut], strict=True):
         if f.shared_rng:
             return Refusal(
@@ -130,12 +165,18 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
     for s, f in zip(stmts[:cut], facts[:cut], strict=True):
         if f.returns:
             return Refusal("early return before the I/O ends", line_of(s))
+    return None
 
-    refusal = _shared_state(stmts, facts, cut, line_of)
-    if refusal is not None:
-        return refusal
 
-    index_param = fn.params.params[1]
+def _passed(
+    index_param: cst.Param,
+    stmts: list[cst.BaseStatement],
+    facts: list[Facts],
+    cut: int,
+    line_of: LineOf,
+) -> list[str] | Refusal:
+    """The names ``load`` passes to ``process``, in the order ``process`` first uses
+    them; a refusal when one is bound only on some paths, or when there is none."""
     bound = [index_param.name.value]
     definite = {index_param.name.value}
     for f in facts[:cut]:
@@ -156,7 +197,14 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
             "the CPU part uses nothing that the I/O part produced; nothing to pass on",
             line_of(stmts[cut]),
         )
+    return passed
 
+
+def _notes(
+    stmts: list[cst.BaseStatement], facts: list[Facts], cut: int, line_of: LineOf
+) -> list[str]:
+    """What the report says about a split that is made: CPU work left in ``load``,
+    random draws in ``process``, attributes of ``self`` set in ``load``."""
     notes = []
     for s, f in zip(stmts[:cut], facts[:cut], strict=True):
         if f.io and f.compute:
@@ -180,18 +228,7 @@ def plan_split(fn: cst.FunctionDef, ctx: ClassContext, line_of: LineOf) -> Split
             "threads sharing self, so they share that object; fine for h5py (it serialises "
             "access), not for a file object read with seek()+read()"
         )
-    io_labels = list(dict.fromkeys(label for f in facts[:cut] for label in f.io))
-    return SplitPlan(
-        index_param=index_param,
-        docstring=docstring,
-        load=stmts[:cut],
-        process=stmts[cut:],
-        passed=passed,
-        io_labels=io_labels,
-        load_lines=(line_of(stmts[0]), line_of(stmts[cut - 1])),
-        process_lines=(line_of(stmts[cut]), line_of(stmts[-1])),
-        notes=notes,
-    )
+    return notes
 
 
 def _shared_state(

@@ -3,8 +3,10 @@
 Mirrors ``spdl.pipeline``: code written for it keeps working after changing the import.
 """
 
+import warnings
+
 from . import defs as defs  # SPDL's declarative module: torch_spdl.pipeline.defs
-from ._autotune import AutotuneConfig, AutotuneController, AutotuneSample, StageSample
+from ._autotune import AutotuneConfig
 from ._builder import PipelineBuilder
 from ._compat import (
     cache_iterator,
@@ -21,10 +23,8 @@ from ._declare.config import (
     AggregateConfig,
     BuildOptions,
     DisaggregateConfig,
-    PipeConfig,
-    PipelineConfig,
+    PipelineSpec,
 )
-from ._declare.ops import OpKind as OpKind  # what a stage's op is (PipeConfig.kind)
 from ._plugins.background import BackgroundTask, BackgroundTaskFactory
 from ._plugins.hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
 from ._plugins.priority import (
@@ -51,16 +51,13 @@ __all__ = [
     "AggregateConfig",
     "AsyncQueue",
     "AutotuneConfig",
-    "AutotuneController",
-    "AutotuneSample",
     "BackgroundTask",
     "BackgroundTaskFactory",
     "BuildOptions",
     "DisaggregateConfig",
-    "PipeConfig",
     "Pipeline",
     "PipelineBuilder",
-    "PipelineConfig",
+    "PipelineSpec",
     "PipelineFailure",
     "PipelineTrace",
     "PriorityExecutorEntrypoint",
@@ -72,7 +69,6 @@ __all__ = [
     "QueuePerfStats",
     "StageProfile",
     "StageInfo",
-    "StageSample",
     "StageStats",
     "StatsQueue",
     "StoppableSource",
@@ -96,3 +92,18 @@ __all__ = [
     "run_pipeline_in_subinterpreter",
     "run_pipeline_in_subprocess",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # ``PipelineConfig`` here was the builder's declaration, now ``PipelineSpec``: the name
+    # is SPDL's, for its own class (``defs.PipelineConfig``), so one name named two classes.
+    if name == "PipelineConfig":
+        warnings.warn(
+            "torch_spdl.pipeline.PipelineConfig is now PipelineSpec (what "
+            "PipelineBuilder.get_config() returns); SPDL's PipelineConfig is "
+            "torch_spdl.pipeline.defs.PipelineConfig",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return PipelineSpec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ from ._declare.config import (
     OutputOrder,
     PathVariantsConfig,
     PipeConfig,
-    PipelineConfig,
+    PipelineSpec,
     StageConfig,
     aggregate_config,
 )
@@ -259,12 +259,14 @@ class PipelineBuilder(Generic[T, U]):
         self._buffer_size = buffer_size
         return self
 
-    def get_config(self) -> PipelineConfig:
-        """The declaration so far, as data (what ``profile_pipeline`` takes)."""
+    def get_config(self) -> PipelineSpec:
+        """The declaration so far, as data: a :class:`PipelineSpec` (what
+        ``build_pipeline``, ``profile_pipeline`` and ``run_pipeline_in_subprocess`` take;
+        SPDL's ``defs.PipelineConfig`` is the other way to declare one)."""
         if not self._has_source:
             raise RuntimeError("the source is not set: call add_source() first")
         buffer_size = 3 if self._buffer_size is None else self._buffer_size
-        return PipelineConfig(self._source, list(self._stages), buffer_size, self._continuous)
+        return PipelineSpec(self._source, list(self._stages), buffer_size, self._continuous)
 
     def build(
         self,

@@ -24,7 +24,7 @@ from ._declare.config import (
     AggregateConfig,
     DisaggregateConfig,
     PipeConfig,
-    PipelineConfig,
+    PipelineSpec,
     StageConfig,
 )
 from ._declare.placement import PlacementConfig
@@ -245,7 +245,7 @@ def profile_pipeline(
         config = pipeline
     # regions are measured stage by stage, in this process
     stages: list[StageConfig] = [s for s in config.stages if not isinstance(s, PlacementConfig)]
-    config = PipelineConfig(config.source, stages, config.buffer_size)
+    config = PipelineSpec(config.source, stages, config.buffer_size)
     around = hook.pipeline_profile_hook() if hook is not None else contextlib.nullcontext()
     with around:
         report = _profile(
@@ -259,7 +259,7 @@ def profile_pipeline(
 
 
 def _profile(
-    config: PipelineConfig,
+    config: PipelineSpec,
     num_iterations: int,
     concurrency_levels: Sequence[int],
     num_threads: int | None,

@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
 from ._builder import PipelineBuilder
-from ._declare.config import BuildOptions, PipeConfig, PipelineConfig
+from ._declare.config import BuildOptions, PipeConfig, PipelineSpec
 from ._plugins.priority import PriorityExecutorEntrypoint
 from ._run.assemble import build
 from ._subprocess import END, ERROR, ITEM, SubprocessError
@@ -64,8 +64,9 @@ class _PoolSpec:
         return ProcessPoolExecutor(self.max_workers, mp_context=mp.get_context("spawn"))
 
 
-def _portable(config: Any) -> PipelineConfig:
-    """``config`` (either kind of ``PipelineConfig``) with its executors made picklable."""
+def _portable(config: Any) -> PipelineSpec:
+    """``config`` (a ``PipelineSpec``, or SPDL's ``defs.PipelineConfig``) with its
+    executors made picklable."""
     to_builder_config = getattr(config, "_to_builder_config", None)
     if to_builder_config is not None:
         config = to_builder_config()
@@ -90,7 +91,7 @@ def _pool_kind(executor: object) -> str | None:
     return None
 
 
-def _child_pools(config: PipelineConfig) -> tuple[PipelineConfig, list[Executor]]:
+def _child_pools(config: PipelineSpec) -> tuple[PipelineSpec, list[Executor]]:
     """The config with each ``_PoolSpec`` made into a live pool (in the child)."""
     pools: list[Executor] = []
     stages = []
@@ -114,7 +115,7 @@ class _EpochChild:
     counter or shuffle state keeps advancing, as it would in one process.
     """
 
-    def __init__(self, config: PipelineConfig, options: BuildOptions) -> None:
+    def __init__(self, config: PipelineSpec, options: BuildOptions) -> None:
         self.config = config
         self.options = options
 
@@ -389,9 +390,9 @@ def run_pipeline_in_subprocess(
     its ``close()`` is called.
 
     Args:
-        config: a ``PipelineConfig`` (``torch_spdl.pipeline.defs.PipelineConfig``, or
-            ``PipelineBuilder.get_config()``). Passing a ``PipelineBuilder`` still works
-            and is deprecated.
+        config: the declaration: SPDL's ``torch_spdl.pipeline.defs.PipelineConfig``, or
+            a ``PipelineSpec`` (``PipelineBuilder.get_config()``). Passing a
+            ``PipelineBuilder`` still works and is deprecated.
         buffer_size: items in flight between the child and here.
         initializer: run first in the child.
         mp_context: how to start the child (``spawn`` by default).

@@ -28,7 +28,7 @@ from ._declare.config import (
     PipeConfig,
     aggregate_config,
 )
-from ._declare.config import PipelineConfig as _BuilderConfig
+from ._declare.config import PipelineSpec as _BuilderConfig
 from ._declare.failures import MaxFailures
 from ._declare.grouping import Aggregator, Collate
 from ._stage_kinds.nested import MergedSource

@@ -31,7 +31,7 @@ from ._plan import Consumer, shards_of
 from ._progress import Progress
 from ._retry import RetryPolicy
 from ._store import Store
-from ._stream import Decode, Failed, Sample, stream_builder
+from ._stream import DecodeAndTransform, Failed, Sample, stream_builder
 from ._urls import expand_urls
 
 __all__ = ["StreamingDataset"]
@@ -281,7 +281,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         threads (up to ``ahead`` of them at once), delivered in the order drawn."""
         if progress.exhausted:
             return
-        decode = Decode(self.decoder, self.transform)
+        decode = DecodeAndTransform(self.decoder, self.transform)
         threads = _threads(self.decode_concurrency)
         ahead = max(16, 4 * threads)  # samples drawn and being decoded, at most
         pool = ThreadPoolExecutor(threads, thread_name_prefix="torch_spdl.streaming.decode")

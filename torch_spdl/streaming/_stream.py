@@ -14,8 +14,8 @@ are read in parallel too, and memory stays near ``(read_concurrency + 4) * chunk
 however large the shards are.
 
 The samples leave this pipeline *undecoded* (their fields as ``bytes``): the shuffle
-buffer (:mod:`._progress`) holds them so, and :class:`Decode` runs on each sample the
-buffer lets out, on decode threads. A buffer of 1,000 JPEGs then costs their encoded
+buffer (:mod:`._progress`) holds them so, and :class:`DecodeAndTransform` runs on each
+sample the buffer lets out, on decode threads. A buffer of 1,000 JPEGs then costs their encoded
 size (tens of KiB each), not 1,000 decoded images (147 KiB each at 224x224).
 
 Failures are data here, not exceptions, so that the consumer can hold each shard to its
@@ -36,7 +36,15 @@ from ._retry import ShardReadError
 from ._store import Store
 from ._tar import TarFormatError, TarSplitter
 
-__all__ = ["Chunk", "Decode", "Failed", "Sample", "ShardEnd", "ShardTask", "stream_builder"]
+__all__ = [
+    "Chunk",
+    "DecodeAndTransform",
+    "Failed",
+    "Sample",
+    "ShardEnd",
+    "ShardTask",
+    "stream_builder",
+]
 
 
 @dataclass(frozen=True)
@@ -191,7 +199,7 @@ class _Split:
             yield Sample(task.pos, index, task.url, raw.key, raw.start, raw.end, raw.fields)
 
 
-class Decode:
+class DecodeAndTransform:
     """A sample's fields decoded, with ``__key__`` and ``__url__``, then ``transform``
     (thread-safe: it runs on the decode threads, after the shuffle buffer). A sample
     that fails becomes a :class:`Failed`."""

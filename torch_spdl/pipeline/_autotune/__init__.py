@@ -2,7 +2,10 @@
 
 - ``vocabulary.py`` names the tuner's knobs, samples and decisions (data only), so that the
   declaration side and the public API can name them without importing the rest;
-- ``rules.py`` decides (pure logic, tested on synthetic samples: no clock, no thread);
+- ``rules.py`` decides (pure logic, tested on synthetic samples: no clock, no thread):
+  the controller's face, handing each window to the phase whose turn it is, each phase
+  one module over one shared record (``tuning_state.py``): ``phase_model.py``,
+  ``phase_climb.py``, ``judge.py``, ``budget.py``, ``phase_hold.py``;
 - ``model.py`` sizes stages from item costs (Little's law);
 - ``meter.py`` measures those costs inside autotuned stages;
 - ``probes.py`` reads the process (cores, CPU, memory);

@@ -126,16 +126,59 @@ def model_targets(
         # high, sizing every stage too small to recover.
         measured = process_hop(known, cpu_used)
         hop_cpu = max(hop_cpu, min(measured, cheapest_hop))
+    affordable = _affordable_rate(known, flow, hop_cpu, budget, start=not price_process)
+    demand = _fixed_demand(known, flow, sink_occupancy)
+    out: dict[str, Target] = {}
+    waiting: list[StageCost] = []
+    for c in known:
+        if not c.tunable:
+            continue
+        if only_waits(c, budget, start=not price_process):
+            waiting.append(c)
+            continue
+        out[c.name] = _burning_target(
+            c, flow[c.name], affordable, demand, budget=budget, cores=cores
+        )
+    # A stage that only waits costs (almost) no CPU: it is sized for what the rest of the
+    # pipeline can take, with a quarter to spare, or goes to its bound when nothing limits.
+    for c in known:
+        if c.name in out:  # a stage that burns CPU, at its new concurrency
+            n = out[c.name].concurrency
+            can = n / (c.wall * flow[c.name])  # type: ignore[operator]
+            if can < demand[0]:
+                demand = can, f"stage {c.name} at {n} does {can:,.0f}/s"
+    for c in waiting:
+        out[c.name] = _waiting_target(c, flow[c.name], affordable, demand)
+    return out
+
+
+def _affordable_rate(
+    known: Sequence[StageCost],
+    flow: dict[str, float],
+    hop_cpu: float,
+    budget: float,
+    *,
+    start: bool,
+) -> float:
+    """The rate (in reference items per second) the CPU budget pays for, at ``hop_cpu``
+    per stage and item beyond each op's own CPU."""
     # At start-up the op CPU of a stage that only waits is not trusted: its first calls run
     # cold, at several times their steady cost (a coroutine sleeping 5 ms: 20 us a call,
     # then 4), and that is all it costs; priced so, it would be sized at half of what the
     # budget pays for. Its engine hop is counted; the first full window measures the rest.
-    cold = {c.name for c in known if not price_process and only_waits(c, budget, start=True)}
+    cold = {c.name for c in known if start and only_waits(c, budget, start=True)}
     per_item = sum(
         flow[c.name] * (hop_cpu + (0.0 if c.name in cold else c.cpu or 0.0)) for c in known
     )
-    affordable = budget / per_item if per_item > 0 else math.inf
-    # What the autotuned stages cannot change: fixed stages and the consumer.
+    return budget / per_item if per_item > 0 else math.inf
+
+
+def _fixed_demand(
+    known: Sequence[StageCost], flow: dict[str, float], sink_occupancy: float
+) -> tuple[float, str]:
+    """What the autotuned stages cannot change: the least rate of the fixed stages and of
+    the consumer (when the sink is full), and why (``inf``: nothing limits)."""
+    ref = known[0].rate
     demand, demand_why = math.inf, ""
     for c in known:
         if not c.tunable:
@@ -144,65 +187,65 @@ def model_targets(
                 demand, demand_why = can, f"fixed stage {c.name} does {can:,.0f}/s"
     if sink_occupancy >= _CONSUMER_BOUND and ref < demand:
         demand, demand_why = ref, f"the consumer takes {ref:,.0f}/s"
-    out: dict[str, Target] = {}
-    waiting: list[StageCost] = []
-    for c in known:
-        if not c.tunable:
-            continue
-        assert c.wall is not None
-        share = None if c.cpu is None else c.cpu / c.wall
-        if only_waits(c, budget, start=not price_process):
-            waiting.append(c)
-            continue
-        target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
-        by_budget = demand >= target  # the budget, not the rest of the pipeline, limits
-        if not by_budget:
-            target, why = demand, demand_why
-        n = math.ceil(flow[c.name] * target * c.wall - 1e-9)  # Little's law
-        reason = f"{c.wall * 1e3:.2f} ms/item"
-        if share is not None and share > 0:
-            reason += f", {share:.0%} on the CPU"
-            cap = cores_cap(c, budget, cores=cores)
-            if cap is not None and cap < n:
-                n, why = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"
-            elif cap is not None and n < cap and by_budget and _every_core(budget, cores):
-                # The budget is every core, which the process cannot go over: a worker more
-                # keeps the cores busy while the others are between items (:func:`cores_cap`;
-                # Little's law at 100% on the CPU asks for just the cores).
-                n += 1
-                why += ", a worker more to keep every core busy"
-        n = max(1, min(n, c.bound))
-        out[c.name] = Target(n, f"{reason}; {why}; Little's law: {n}")
-    # A stage that only waits costs (almost) no CPU: it is sized for what the rest of the
-    # pipeline can take, with a quarter to spare, or goes to its bound when nothing limits.
-    for c in known:
-        if c.name in out:  # a stage that burns CPU, at its new concurrency
-            n = out[c.name].concurrency
-            can = n / (c.wall * flow[c.name])  # type: ignore[operator]
-            if can < demand:
-                demand, demand_why = can, f"stage {c.name} at {n} does {can:,.0f}/s"
-    for c in waiting:
-        assert c.wall is not None and c.cpu is not None
-        reason = f"{c.wall * 1e3:.2f} ms/item, {c.cpu / c.wall:.0%} on the CPU: it waits"
-        # Little's law at what the budget pays for: a stage that waits costs little CPU per
-        # item, but the engine's hops and the op's own wake-ups add up at tens of
-        # thousands of items a second (256 coroutines sleeping 5 ms: 50,000/s).
-        paid = math.inf if math.isinf(affordable) else flow[c.name] * affordable * c.wall
-        if math.isinf(demand):
-            if paid >= c.bound:
-                why = f"nothing else limits: its bound {c.bound}"
-                out[c.name] = Target(c.bound, f"{reason}; {why}")
-            else:
-                n = max(1, math.floor(paid))
-                why = f"the CPU budget pays for {affordable:,.0f}/s"
-                out[c.name] = Target(n, f"{reason}; {why}; Little's law: {n}")
-            continue
-        rate, why = demand, demand_why
-        if affordable < demand:
-            rate, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
-        n = max(1, min(c.bound, math.ceil(1.25 * flow[c.name] * rate * c.wall)))
-        out[c.name] = Target(n, f"{reason}; {why}; Little's law with 25% spare: {n}")
-    return out
+    return demand, demand_why
+
+
+def _burning_target(
+    c: StageCost,
+    flow: float,
+    affordable: float,
+    demand: tuple[float, str],
+    *,
+    budget: float,
+    cores: float | None,
+) -> Target:
+    """A stage that burns CPU: Little's law at the least of what the budget pays for
+    and the demand, within the workers that use the budget (:func:`cores_cap`)."""
+    assert c.wall is not None
+    share = None if c.cpu is None else c.cpu / c.wall
+    target, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
+    by_budget = demand[0] >= target  # the budget, not the rest of the pipeline, limits
+    if not by_budget:
+        target, why = demand
+    n = math.ceil(flow * target * c.wall - 1e-9)  # Little's law
+    reason = f"{c.wall * 1e3:.2f} ms/item"
+    if share is not None and share > 0:
+        reason += f", {share:.0%} on the CPU"
+        cap = cores_cap(c, budget, cores=cores)
+        if cap is not None and cap < n:
+            n, why = cap, f"{cap} workers use the CPU budget ({budget:.2f} cores)"
+        elif cap is not None and n < cap and by_budget and _every_core(budget, cores):
+            # The budget is every core, which the process cannot go over: a worker more
+            # keeps the cores busy while the others are between items (:func:`cores_cap`;
+            # Little's law at 100% on the CPU asks for just the cores).
+            n += 1
+            why += ", a worker more to keep every core busy"
+    n = max(1, min(n, c.bound))
+    return Target(n, f"{reason}; {why}; Little's law: {n}")
+
+
+def _waiting_target(
+    c: StageCost, flow: float, affordable: float, demand: tuple[float, str]
+) -> Target:
+    """A stage that only waits: Little's law at what the rest can take, a quarter to
+    spare, or at what the budget pays for (up to its bound) when nothing else limits."""
+    assert c.wall is not None and c.cpu is not None
+    reason = f"{c.wall * 1e3:.2f} ms/item, {c.cpu / c.wall:.0%} on the CPU: it waits"
+    # Little's law at what the budget pays for: a stage that waits costs little CPU per
+    # item, but the engine's hops and the op's own wake-ups add up at tens of
+    # thousands of items a second (256 coroutines sleeping 5 ms: 50,000/s).
+    paid = math.inf if math.isinf(affordable) else flow * affordable * c.wall
+    if math.isinf(demand[0]):
+        if paid >= c.bound:
+            return Target(c.bound, f"{reason}; nothing else limits: its bound {c.bound}")
+        n = max(1, math.floor(paid))
+        why = f"the CPU budget pays for {affordable:,.0f}/s"
+        return Target(n, f"{reason}; {why}; Little's law: {n}")
+    rate, why = demand
+    if affordable < rate:
+        rate, why = affordable, f"the CPU budget pays for {affordable:,.0f}/s"
+    n = max(1, min(c.bound, math.ceil(1.25 * flow * rate * c.wall)))
+    return Target(n, f"{reason}; {why}; Little's law with 25% spare: {n}")
 
 
 def early_target(

@@ -1,5 +1,8 @@
 """What a pipeline is, as data: the stage declarations, the pipeline's, and the build options.
 
+The pipeline's is :class:`PipelineSpec`, not ``PipelineConfig``: that name is SPDL's, for
+its own declaration (``defs.PipelineConfig``), which is turned into a ``PipelineSpec``.
+
 Everything here is a frozen description, with no thread, channel or stage of a run: the
 fluent :class:`~..PipelineBuilder` records these, SPDL's ``defs`` module makes them
 directly, ``profile_pipeline`` and the subprocess runner take them apart, and
@@ -35,7 +38,7 @@ __all__ = [
     "OutputOrder",
     "PathVariantsConfig",
     "PipeConfig",
-    "PipelineConfig",
+    "PipelineSpec",
     "StageConfig",
     "aggregate_config",
 ]
@@ -65,6 +68,11 @@ class PipeConfig:
     @property
     def kind(self) -> OpKind:
         return classify_op(self.op)[1]
+
+    @property
+    def one_to_one(self) -> bool:
+        """True when the op makes exactly one item per input (a function, not a generator)."""
+        return self.kind in (OpKind.FUNC, OpKind.ASYNC_FUNC)
 
     @property
     def auto(self) -> bool:
@@ -236,8 +244,12 @@ class BuildOptions:
 
 
 @dataclass
-class PipelineConfig:
-    """Everything ``build`` needs: the source, the stages in order, the sink size."""
+class PipelineSpec:
+    """Everything ``build`` needs: the source, the stages in order, the sink size.
+
+    What ``PipelineBuilder.get_config()`` returns. SPDL's ``defs.PipelineConfig`` (another
+    class, SPDL's shape: ``src``, ``pipes``, ``sink``) is turned into one of these to build.
+    """
 
     source: Any
     stages: list[StageConfig] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """The build: turn a declaration into nodes and channels, and hand them to a runtime.
 
-``build(config, options)`` is the one place where a :class:`PipelineConfig` (the builder's,
+``build(config, options)`` is the one place where a :class:`PipelineSpec` (the builder's,
 ``_declare/config.py``) meets the engine: it fuses ``to()`` regions, sizes the channel in
 front of each stage (:func:`queue_capacity`), makes one node per stage (threads for a sync
 op, coroutines for an async one, the regrouping and nested stages), shares the build-level
@@ -25,7 +25,7 @@ from .._declare.config import (
     DisaggregateConfig,
     PathVariantsConfig,
     PipeConfig,
-    PipelineConfig,
+    PipelineSpec,
     StageConfig,
 )
 from .._declare.failures import FailureLimit, MaxFailures
@@ -67,7 +67,7 @@ def queue_capacity(workers: int, batched: bool) -> int:
 
 
 def build_pipeline(
-    config: PipelineConfig | Any,
+    config: PipelineSpec | Any,
     *,
     num_threads: int | None = None,
     max_failures: MaxFailures = -1,
@@ -132,7 +132,7 @@ def build_pipeline(
     return build(config, options)
 
 
-def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
+def build(config: PipelineSpec | Any, options: BuildOptions) -> Pipeline[Any]:
     """Instantiate ``config`` with ``options``: what every entry point that builds calls."""
     to_builder_config = getattr(config, "_to_builder_config", None)  # defs.PipelineConfig
     if to_builder_config is not None:
@@ -241,8 +241,7 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
             )
         elif isinstance(spec, PathVariantsConfig):
             makers = [
-                lambda src, p=path: make_inner(PipelineConfig(src, list(p), 2))
-                for path in spec.paths
+                lambda src, p=path: make_inner(PipelineSpec(src, list(p), 2)) for path in spec.paths
             ]
             node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=shared_budget)
             shared.append(node)
@@ -275,7 +274,7 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
 
 def _build_region(source: Iterable[Any], stages: list[Any], options: BuildOptions) -> Any:
     """A region's stages as a pipeline of their own (run in each of its worker processes)."""
-    return build(PipelineConfig(source, stages, 0), options)
+    return build(PipelineSpec(source, stages, 0), options)
 
 
 def _op_stage(
@@ -324,7 +323,7 @@ def _workers(spec: StageConfig, num_threads: int | None) -> int:
     return bound
 
 
-def _describe(config: PipelineConfig) -> str:
+def _describe(config: PipelineSpec) -> str:
     parts = ["source"]
     for spec in config.stages:
         if isinstance(spec, PipeConfig):

@@ -83,87 +83,9 @@ class PipelineTrace:
         events: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "torch_spdl"}}
         ]
-        tids: dict[tuple[str, int], int] = {}
-        for span in self.spans:
-            key = (span.stage, span.worker)
-            if key not in tids:
-                tids[key] = len(tids) + 1
-        for (stage, worker), tid in sorted(tids.items(), key=lambda kv: kv[1]):
-            events.append(
-                {
-                    "name": "thread_name",
-                    "ph": "M",
-                    "pid": 1,
-                    "tid": tid,
-                    "args": {"name": f"{stage} #{worker}"},
-                }
-            )
-            events.append(
-                {
-                    "name": "thread_sort_index",
-                    "ph": "M",
-                    "pid": 1,
-                    "tid": tid,
-                    "args": {"sort_index": tid},
-                }
-            )
-        for span in self.spans:
-            events.append(
-                {
-                    "name": span.stage,
-                    "cat": "stage",
-                    "ph": "X",
-                    "ts": span.start * 1e6,
-                    "dur": (span.end - span.start) * 1e6,
-                    "pid": 1,
-                    "tid": tids[(span.stage, span.worker)],
-                }
-            )
-        for sample in self.samples:
-            ts = sample.time * 1e6
-            for (name, _), depth in zip(self.queues, sample.queue_depths, strict=True):
-                events.append(
-                    {
-                        "name": f"queue {name}",
-                        "ph": "C",
-                        "ts": ts,
-                        "pid": 1,
-                        "args": {"depth": depth},
-                    }
-                )
-            for stage, conc in zip(self.stages, sample.concurrency, strict=True):
-                events.append(
-                    {
-                        "name": f"concurrency {stage}",
-                        "ph": "C",
-                        "ts": ts,
-                        "pid": 1,
-                        "args": {"workers": conc},
-                    }
-                )
-        for d in self.decisions:
-            ts = d.time * 1e6
-            if d.stage is not None and d.concurrency is not None:
-                events.append(
-                    {
-                        "name": f"autotune {d.stage}",
-                        "ph": "C",
-                        "ts": ts,
-                        "pid": 1,
-                        "args": {"concurrency": d.concurrency},
-                    }
-                )
-            events.append(
-                {
-                    "name": "autotune",
-                    "cat": "autotune",
-                    "ph": "i",
-                    "s": "p",
-                    "ts": ts,
-                    "pid": 1,
-                    "args": {"stage": d.stage, "concurrency": d.concurrency, "reason": d.reason},
-                }
-            )
+        events += _span_events(self.spans)
+        events += _counter_events(self)
+        events += _decision_events(self.decisions)
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def export_chrome_trace(self, path: str | os.PathLike[str]) -> None:
@@ -174,6 +96,101 @@ class PipelineTrace:
     def plot(self, path: str | os.PathLike[str], *, bin_seconds: float | None = None) -> None:
         """Draw per-stage throughput and queue occupancy over time to a PNG at ``path``."""
         plot_trace(self, path, bin_seconds=bin_seconds)
+
+
+def _span_events(spans: list[TraceSpan]) -> list[dict[str, Any]]:
+    """A track per (stage, worker), named and sorted in order of first span, and each
+    span as a complete event on its track."""
+    events: list[dict[str, Any]] = []
+    tids: dict[tuple[str, int], int] = {}
+    for span in spans:
+        key = (span.stage, span.worker)
+        if key not in tids:
+            tids[key] = len(tids) + 1
+    for (stage, worker), tid in sorted(tids.items(), key=lambda kv: kv[1]):
+        events.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": 1,
+                "tid": tid,
+                "args": {"name": f"{stage} #{worker}"},
+            }
+        )
+        events.append(
+            {
+                "name": "thread_sort_index",
+                "ph": "M",
+                "pid": 1,
+                "tid": tid,
+                "args": {"sort_index": tid},
+            }
+        )
+    for span in spans:
+        events.append(
+            {
+                "name": span.stage,
+                "cat": "stage",
+                "ph": "X",
+                "ts": span.start * 1e6,
+                "dur": (span.end - span.start) * 1e6,
+                "pid": 1,
+                "tid": tids[(span.stage, span.worker)],
+            }
+        )
+    return events
+
+
+def _counter_events(trace: PipelineTrace) -> list[dict[str, Any]]:
+    """Each sample as counters: every queue's depth, every stage's concurrency."""
+    events: list[dict[str, Any]] = []
+    for sample in trace.samples:
+        ts = sample.time * 1e6
+        for (name, _), depth in zip(trace.queues, sample.queue_depths, strict=True):
+            events.append(
+                {"name": f"queue {name}", "ph": "C", "ts": ts, "pid": 1, "args": {"depth": depth}}
+            )
+        for stage, conc in zip(trace.stages, sample.concurrency, strict=True):
+            events.append(
+                {
+                    "name": f"concurrency {stage}",
+                    "ph": "C",
+                    "ts": ts,
+                    "pid": 1,
+                    "args": {"workers": conc},
+                }
+            )
+    return events
+
+
+def _decision_events(decisions: list[TraceDecision]) -> list[dict[str, Any]]:
+    """Each autotuner decision: a point of its stage's counter when it set one, and an
+    instant event with the reason."""
+    events: list[dict[str, Any]] = []
+    for d in decisions:
+        ts = d.time * 1e6
+        if d.stage is not None and d.concurrency is not None:
+            events.append(
+                {
+                    "name": f"autotune {d.stage}",
+                    "ph": "C",
+                    "ts": ts,
+                    "pid": 1,
+                    "args": {"concurrency": d.concurrency},
+                }
+            )
+        events.append(
+            {
+                "name": "autotune",
+                "cat": "autotune",
+                "ph": "i",
+                "s": "p",
+                "ts": ts,
+                "pid": 1,
+                "args": {"stage": d.stage, "concurrency": d.concurrency, "reason": d.reason},
+            }
+        )
+    return events
 
 
 def export_chrome_trace(trace: Any, path: str | os.PathLike[str]) -> None:
