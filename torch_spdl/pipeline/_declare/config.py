@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._autotune.memory import new_stage_id
@@ -229,10 +229,6 @@ class BuildOptions:
     def for_region(self) -> BuildOptions:
         """The options of a ``to()`` region's pipeline in each of its worker processes."""
         return BuildOptions(num_threads=self.num_threads, max_failures=self.max_failures)
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """The options as ``build_pipeline`` keywords (a shallow copy: no value is copied)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
