@@ -29,11 +29,11 @@ class AggregateStage(ThreadStage):
         self,
         name: str,
         aggregator: Aggregator,
-        drop_last: bool,
         inbox: Channel[Any],
         outbox: Channel[Any],
         hooks: Sequence[TaskHook] = (),
         *,
+        drop_last: bool = False,
         budget: FailureLimit | None = None,
     ) -> None:
         # An item whose accumulate() raises is a failure like any op's: logged, counted
