@@ -37,7 +37,8 @@ from .._plugins.queues import AsyncQueue, ObservedChannel, make_queue, queue_hoo
 from .._stage_kinds.aggregate import AggregateStage, DisaggregateStage
 from .._stage_kinds.async_stage import AsyncStage
 from .._stage_kinds.nested import MergedSource, PathVariantsStage
-from .._stage_kinds.node import Node, OpStage
+from .._stage_kinds.node import Node
+from .._stage_kinds.op_stage import OpStage
 from .._stage_kinds.region import RegionStage
 from .._stage_kinds.source import SourceNode
 from .._stage_kinds.source import on_loop as source_on_loop

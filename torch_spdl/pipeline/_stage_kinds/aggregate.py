@@ -63,7 +63,9 @@ class AggregateStage(ThreadStage):
         if not self.hooks:
             out = self.aggregator.flush()
         else:  # as in SPDL, the end-of-stream flush is one more task for the task hooks
-            flush, close = hooked_sync(lambda _: self.aggregator.flush(), self.hooks, False)
+            flush, close = hooked_sync(
+                lambda _: self.aggregator.flush(), self.hooks, generator=False
+            )
             try:
                 out = flush(None)
             finally:
