@@ -203,7 +203,7 @@ class PipelineBuilder(Generic[T, U]):
             drop_last: drop the shorter last list (for an aggregator: do not call its
                 ``flush()``).
         """
-        self._stages.append(aggregate_config(num_items, drop_last))
+        self._stages.append(aggregate_config(num_items, drop_last=drop_last))
         return self
 
     def path_variants(

@@ -148,7 +148,7 @@ StageConfig = (
 )
 
 
-def aggregate_config(num_items: int | Aggregator, drop_last: bool) -> AggregateConfig:
+def aggregate_config(num_items: int | Aggregator, *, drop_last: bool) -> AggregateConfig:
     """Check and record an ``aggregate`` stage."""
     if isinstance(num_items, Aggregator):
         return AggregateConfig(0, drop_last, num_items)

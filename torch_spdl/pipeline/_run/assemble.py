@@ -171,7 +171,7 @@ class _Assembly:
         self.queues: list[AsyncQueue] = []  # queue_class observers, one per channel
         self.pipeline_id = next(_pipeline_ids)
 
-    def inner(self, inner: Any) -> Pipeline[Any]:
+    def inner(self, inner: PipelineConfig) -> Pipeline[Any]:
         """A pipeline inside this one (a ``Merge`` input, a ``path_variants`` path)."""
         return build(inner, self.options.for_nested())
 
@@ -287,7 +287,7 @@ class _Assembly:
         return check_hooks(factory(info), name)
 
 
-def _build_region(source: Iterable[Any], stages: list[Any], options: BuildOptions) -> Any:
+def _build_region(source: Iterable[Any], stages: list[Any], options: BuildOptions) -> Pipeline[Any]:
     """A region's stages as a pipeline of their own (run in each of its worker processes)."""
     return build(PipelineConfig(source, stages, 0), options)
 
