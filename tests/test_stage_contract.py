@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -380,3 +381,58 @@ def test_disaggregate_of_a_non_iterable_counts_as_a_failure() -> None:
     assert failure is not None and "disaggregate" in failure.stages[0]
     assert isinstance(failure.__cause__, TypeError)
     assert _flat([got]) <= Counter([1, 2, 4])
+
+
+# -- an op that cannot be called: one behaviour for thread and async stages ----------------
+def _sync_two_args(x: int, y: int) -> int:
+    return x + y
+
+
+def _sync_two_args_gen(x: int, y: int) -> Iterator[int]:
+    yield x + y
+
+
+async def _async_two_args(x: int, y: int) -> int:
+    return x + y
+
+
+def _type_error_inside(x: int) -> int:
+    if x % 2:
+        raise TypeError(f"odd item {x}")
+    return x
+
+
+@pytest.mark.parametrize("op", [_sync_two_args, _sync_two_args_gen, _async_two_args])
+@pytest.mark.parametrize("order", ["completion", "input"])
+@pytest.mark.parametrize("executor", [False, True])
+def test_an_op_that_cannot_be_called_fails_its_stage_thread_or_async(
+    op: Any, order: str, executor: bool
+) -> None:
+    if executor and op is _async_two_args:
+        pytest.skip("an async op takes no executor")
+    with ThreadPoolExecutor(2) as pool:
+        pipeline = (
+            PipelineBuilder()
+            .add_source(range(10))
+            .pipe(
+                op,
+                name="wrong",
+                concurrency=2,
+                output_order=order,
+                executor=pool if executor else None,
+            )
+            .add_sink(0)
+            .build()  # no max_failures: it is not an item's failure
+        )
+        with pytest.raises(PipelineFailure) as info:
+            list(pipeline.get_iterator(timeout=ITEM_TIMEOUT))
+    assert info.value.stage == "1:wrong"
+    error = info.value.__cause__
+    assert isinstance(error, TypeError)
+    assert any("exactly one argument" in note for note in error.__notes__)
+
+
+def test_a_type_error_inside_the_op_is_the_items_failure() -> None:
+    pipeline = PipelineBuilder().add_source(range(10)).pipe(_type_error_inside).add_sink(0).build()
+    assert list(pipeline.get_iterator(timeout=ITEM_TIMEOUT)) == [0, 2, 4, 6, 8]
+    assert pipeline.get_stats()[1].num_failed == 5  # [0] is the source

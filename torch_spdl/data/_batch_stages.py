@@ -101,14 +101,11 @@ class LoadInThreads:
         measured = probe.measurement()
         if measured is not None and not probe.done:
             probe.done = True
-            self.choose(self.decide(measured))
+            group = self.group
+            workers = group.num_workers if group is not None else 1
+            more = group is None or group.init_fn is None
+            self.choose(decide(measured, workers, self.batch_size, more_threads=more))
         return b, fetched
-
-    def decide(self, measured: Any) -> WorkerChoice:
-        group = self.group
-        workers = group.num_workers if group is not None else 1
-        more = group is None or group.init_fn is None
-        return decide(measured, workers, self.batch_size, more_threads=more)
 
     def choose(self, choice: WorkerChoice) -> None:
         if self.on_choice is not None:

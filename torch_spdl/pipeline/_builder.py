@@ -14,7 +14,6 @@ from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
 from ._declare.config import (
-    BuildOptions,
     Concurrency,
     DisaggregateConfig,
     OutputOrder,
@@ -31,7 +30,7 @@ from ._declare.placement import PlacementConfig
 from ._plugins.background import BackgroundTaskFactory
 from ._plugins.hooks import StageInfo, TaskHook
 from ._plugins.queues import AsyncQueue
-from ._run.assemble import build
+from ._run.assemble import build_pipeline
 from ._run.pipeline import Pipeline
 
 __all__ = ["PipelineBuilder"]
@@ -204,7 +203,7 @@ class PipelineBuilder(Generic[T, U]):
             drop_last: drop the shorter last list (for an aggregator: do not call its
                 ``flush()``).
         """
-        self._stages.append(aggregate_config(num_items, drop_last))
+        self._stages.append(aggregate_config(num_items, drop_last=drop_last))
         return self
 
     def path_variants(
@@ -286,7 +285,7 @@ class PipelineBuilder(Generic[T, U]):
     ) -> Pipeline[U]:
         """Instantiate a fresh pipeline; nothing runs until it is started or iterated.
 
-        The keywords make one :class:`BuildOptions`, the options of this build.
+        The keywords become one :class:`BuildOptions` (in :func:`build_pipeline`).
 
         Args:
             num_threads: caps each sync stage's worker threads (stages never share
@@ -317,7 +316,8 @@ class PipelineBuilder(Generic[T, U]):
             use_thread_output_queue: accepted for SPDL code: the consumer always reads
                 the sink from its own thread here, which is what it selects in SPDL.
         """
-        options = BuildOptions(
+        return build_pipeline(
+            self.get_config(),
             num_threads=num_threads,
             max_failures=max_failures,
             report_stats_interval=report_stats_interval,
@@ -331,7 +331,6 @@ class PipelineBuilder(Generic[T, U]):
             queue_class=queue_class,
             use_thread_output_queue=use_thread_output_queue,
         )
-        return build(self.get_config(), options)
 
     def __repr__(self) -> str:
         stages = " -> ".join(s.label() for s in self._stages)

@@ -239,7 +239,7 @@ def Aggregate(  # noqa: N802
         input: the size of each list, or an :class:`Aggregator` that decides the groups.
         drop_last: drop the shorter last list (for an aggregator: skip ``flush()``).
     """
-    return aggregate_config(input, drop_last)
+    return aggregate_config(input, drop_last=drop_last)
 
 
 def Disaggregate() -> DisaggregateConfig:  # noqa: N802

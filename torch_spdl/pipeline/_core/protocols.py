@@ -68,13 +68,23 @@ class SupervisedStage(Protocol):
     whenever asked. It hands the tracer and the autotuner what ``for_tracer`` and
     ``for_autotuner`` return, so neither needs to know a stage's class.
 
+    **A worker implements one method.** A stage's workers (threads, or coroutines on the
+    pipeline's loop) each run one loop the stage writes (``Node.work`` / ``Node.awork``).
+    The loop returns when its input ends; lets ``ChannelAborted`` go (the pipeline stops,
+    or a failure aborted the channels); hands an error of the user's code for one item to
+    the stage's failure policy (logged, counted, dropped; past ``max_failures`` the
+    pipeline fails) and an error of its own kind to ``fail``; and lets anything else go,
+    which is reported as the stage's internal error, so the consumer never waits forever.
+    Starting, counting and ending the workers belongs to the base (``_stage_kinds/node.py``),
+    never to a stage.
+
     **End of stream, one template for every stage.** Each worker, as it exits, lets
     parked workers go and records that it left; the last one of the stage then, in this
     order, flushes what the stage still holds (an aggregate's partial batch) into
     ``outbox``, leaves the stage hooks, and closes ``outbox`` once, with the stage's
     failure or else the upstream's end-of-stream error, so the end of the stream travels
-    down in order. (``Node.end_worker`` and its awaiting twin ``aend_worker`` are that
-    template; stages override its steps, never the sequence.)
+    down in order. (The base runs that template after every worker's loop, awaiting
+    where a coroutine must; stages override its steps, never the sequence.)
     """
 
     name: str

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._autotune.memory import new_stage_id
@@ -156,7 +156,7 @@ StageConfig = (
 )
 
 
-def aggregate_config(num_items: int | Aggregator, drop_last: bool) -> AggregateConfig:
+def aggregate_config(num_items: int | Aggregator, *, drop_last: bool) -> AggregateConfig:
     """Check and record an ``aggregate`` stage."""
     if isinstance(num_items, Aggregator):
         return AggregateConfig(0, drop_last, num_items)
@@ -237,10 +237,6 @@ class BuildOptions:
     def for_region(self) -> BuildOptions:
         """The options of a ``to()`` region's pipeline in each of its worker processes."""
         return BuildOptions(num_threads=self.num_threads, max_failures=self.max_failures)
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """The options as ``build_pipeline`` keywords (a shallow copy: no value is copied)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass

@@ -37,7 +37,8 @@ from .._plugins.queues import AsyncQueue, ObservedChannel, make_queue, queue_hoo
 from .._stage_kinds.aggregate import AggregateStage, DisaggregateStage
 from .._stage_kinds.async_stage import AsyncStage
 from .._stage_kinds.nested import MergedSource, PathVariantsStage
-from .._stage_kinds.node import Node, OpStage
+from .._stage_kinds.node import Node
+from .._stage_kinds.op_stage import OpStage
 from .._stage_kinds.region import RegionStage
 from .._stage_kinds.source import SourceNode
 from .._stage_kinds.source import on_loop as source_on_loop
@@ -53,7 +54,7 @@ __all__ = ["build", "build_pipeline", "queue_capacity"]
 _pipeline_ids = itertools.count()
 
 
-def queue_capacity(workers: int, batched: bool) -> int:
+def queue_capacity(workers: int, *, batched: bool) -> int:
     """Capacity of the channel that feeds a stage of ``workers`` workers.
 
     Each worker should find its next item waiting, and between threads that share the GIL
@@ -137,142 +138,156 @@ def build(config: PipelineSpec | Any, options: BuildOptions) -> Pipeline[Any]:
     to_builder_config = getattr(config, "_to_builder_config", None)  # defs.PipelineConfig
     if to_builder_config is not None:
         config = to_builder_config()
-    if config.continuous:  # one fresh run per epoch, behind one Pipeline
-        one_epoch = dataclasses.replace(config, continuous=False)
-        first = build(one_epoch, options)
-        first._continue_with(lambda: build(one_epoch, options))
-        return first
+    if not config.continuous:
+        return Pipeline(*_Assembly(config, options).run(), description=_describe(config))
+    one_epoch = dataclasses.replace(config, continuous=False)  # one fresh run per epoch
 
-    def make_inner(inner: Any) -> Pipeline[Any]:  # a pipeline inside this one
-        return build(inner, options.for_nested())
+    def renew() -> tuple[Runtime, Channel[Any]]:
+        return _Assembly(one_epoch, options).run()
 
-    if any(isinstance(s, PlacementConfig) for s in config.stages):
-        config = dataclasses.replace(config, stages=fuse_regions(config.stages))
-    if isinstance(config.source, MergedSource):
-        config = dataclasses.replace(config, source=config.source.with_builder(make_inner))
-    options.check()
-    # The build-level limit is one budget shared by the stages without a limit of their
-    # own; it reads their item counts only when an item fails.
-    shared: list[Node] = []
-    shared_budget = FailureLimit(options.max_failures, lambda: sum(n.invocations() for n in shared))
-    workers = [_workers(s, options.num_threads) for s in config.stages]
-    queues: list[AsyncQueue] = []
+    runtime, sink = renew()
+    return Pipeline(runtime, sink, description=_describe(one_epoch), renew=renew)
 
-    pipeline_id = next(_pipeline_ids)
 
-    def new_channel(
-        capacity: int, name: str, index: int, refill_at: int | None = None
-    ) -> Channel[Any]:
+class _Assembly:
+    """One build of one run, in named steps: the declaration resolved (regions fused,
+    ``Merge`` inputs given their builder), the channels sized, the nodes made, the runtime
+    that owns them. The build-level failure limit is one budget shared by the stages
+    without a limit of their own; it reads their item counts only when an item fails."""
+
+    def __init__(self, config: PipelineSpec, options: BuildOptions) -> None:
+        self.options = options
+        if any(isinstance(s, PlacementConfig) for s in config.stages):
+            config = dataclasses.replace(config, stages=fuse_regions(config.stages))
+        if isinstance(config.source, MergedSource):
+            config = dataclasses.replace(config, source=config.source.with_builder(self.inner))
+        options.check()
+        self.config = config
+        self.shared: list[Node] = []  # the stages that share the build-level budget
+        self.budget = FailureLimit(
+            options.max_failures, lambda: sum(n.invocations() for n in self.shared)
+        )
+        self.workers = [_workers(s, options.num_threads) for s in config.stages]
+        self.queues: list[AsyncQueue] = []  # queue_class observers, one per channel
+        self.pipeline_id = next(_pipeline_ids)
+
+    def inner(self, inner: PipelineSpec) -> Pipeline[Any]:
+        """A pipeline inside this one (a ``Merge`` input, a ``path_variants`` path)."""
+        return build(inner, self.options.for_nested())
+
+    def run(self) -> tuple[Runtime, Channel[Any]]:
+        """The runtime of this run, with its nodes and channels, and the sink."""
+        channels = self.channels()
+        nodes: list[Node] = [SourceNode(self.config.source, channels[0])]
+        for i, spec in enumerate(self.config.stages):
+            nodes.append(self.node(i, spec, channels[i], channels[i + 1]))
+        background_tasks = list(self.options.background_tasks)
+        if self.queues:
+            background_tasks.append(queue_hooks_task(self.queues))
+        runtime = Runtime(
+            nodes,
+            channels,
+            report_stats_interval=self.options.report_stats_interval,
+            autotune=self.options.autotune_config(),
+            trace=self.options.trace,
+            background_tasks=background_tasks,
+        )
+        return runtime, channels[-1]
+
+    def channels(self) -> list[Channel[Any]]:
+        """The channel in front of each stage, and the sink.
+
+        A channel between the event loop and a thread refills in bursts: its blocked
+        producers are woken once it is half empty, as many as fit at once, not one per
+        get. Each wake crosses threads: the loop handing the GIL to the source's thread
+        (which stalls every coroutine), or a thread's ``call_soon_threadsafe`` waking the
+        loop (a system call and a GIL hand-off). 256 coroutines sleeping 5 ms paid one per
+        item into the sink; in bursts their process CPU per item fell from 12-13 to 10-12
+        us, and from 23-25 to 20-21 us when the kernel spreads the threads over 2 cores.
+        Between threads the wakes stay one per get: worker threads share the GIL with their
+        producer anyway, and a producer kept waiting there risks starving them.
+        """
+        stages, options = self.config.stages, self.options
+        looped = [source_on_loop(self.config.source)]
+        looped += [isinstance(s, PipeConfig) and s.kind.is_async for s in stages]
+        looped.append(False)  # the consumer is a thread
+        channels: list[Channel[Any]] = []
+        depth = 0  # how many aggregates deep: > 0 means the items are batches
+        for i, spec in enumerate(stages):
+            own = spec.queue_size if isinstance(spec, PipeConfig) else None
+            # An autotuned stage's queue is sized for a few workers, not its maximum: a
+            # queue of batches sized for 64 workers would hold 128 batches. The source's
+            # queue is the exception: it holds keys, and a source woken every few items (a
+            # queue sized for 4 workers refills 32 at a time) costs a coroutine stage a GIL
+            # hand-off per 32 items where a fixed stage of 256 paid one per 256 (the source
+            # thread spent 1.2 us of CPU per item against 0.4).
+            few = isinstance(spec, PipeConfig) and spec.auto and i > 0
+            sized = min(self.workers[i], 4) if few else self.workers[i]
+            capacity = own or options.queue_size or queue_capacity(sized, batched=depth > 0)
+            refill = capacity // 2 if looped[i] != looped[i + 1] else None
+            channels.append(self.channel(capacity, f"{i + 1}:{spec.label()} input", i, refill))
+            if isinstance(spec, AggregateConfig):
+                depth += 1
+            elif isinstance(spec, DisaggregateConfig):
+                depth = max(depth - 1, 0)
+        size, last = self.config.buffer_size, len(stages)
+        refill = size // 2 if looped[last] != looped[last + 1] else None
+        channels.append(self.channel(size, "sink", last, refill))
+        return channels
+
+    def channel(self, capacity: int, name: str, index: int, refill_at: int | None) -> Channel[Any]:
         """The channel out of node ``index`` (0: the source); an observer queue, if asked,
         is named as SPDL names the queue out of a stage: ``pipeline:stage_id+index:name``."""
+        options = self.options
         if options.queue_class is None:
             return Channel(capacity, name=name, refill_at=refill_at)
-        writer = config.stages[index - 1].label() if index else "src"
-        qname = f"{pipeline_id}:{options.stage_id + index}:{writer}"
-        queues.append(
-            make_queue(options.queue_class, qname, capacity, options.report_stats_interval)
-        )
-        return ObservedChannel(capacity, name, queues[-1], refill_at=refill_at)
+        writer = self.config.stages[index - 1].label() if index else "src"
+        qname = f"{self.pipeline_id}:{options.stage_id + index}:{writer}"
+        queue = make_queue(options.queue_class, qname, capacity, options.report_stats_interval)
+        self.queues.append(queue)
+        return ObservedChannel(capacity, name, queue, refill_at=refill_at)
 
-    # A channel between the event loop and a thread refills in bursts: its blocked
-    # producers are woken once it is half empty, as many as fit at once, not one per get.
-    # Each wake crosses threads: the loop handing the GIL to the source's thread (which
-    # stalls every coroutine), or a thread's ``call_soon_threadsafe`` waking the loop (a
-    # system call and a GIL hand-off). 256 coroutines sleeping 5 ms paid one per item into
-    # the sink; in bursts their process CPU per item fell from 12-13 to 10-12 us, and from
-    # 23-25 to 20-21 us when the kernel spreads the threads over 2 cores. Between threads
-    # the wakes stay one per get: worker threads share the GIL with their producer anyway,
-    # and a producer kept waiting there risks starving them.
-    looped = [isinstance(s, PipeConfig) and s.kind.is_async for s in config.stages]
-    source_looped = source_on_loop(config.source)
-
-    def crosses(i: int) -> bool:
-        """Whether channel ``i`` (the input of stage ``i``; the last one is the sink) joins
-        the loop and a thread (the consumer is a thread)."""
-        writer = looped[i - 1] if i > 0 else source_looped
-        reader = i < len(looped) and looped[i]
-        return writer != reader
-
-    channels: list[Channel[Any]] = []
-    depth = 0  # how many aggregates deep: > 0 means the items are batches
-    for i, spec in enumerate(config.stages):
-        own = spec.queue_size if isinstance(spec, PipeConfig) else None
-        # An autotuned stage's queue is sized for a few workers, not its maximum: a queue of
-        # batches sized for 64 workers would hold 128 batches. The source's queue is the
-        # exception: it holds keys, and a source woken every few items (a queue sized for
-        # 4 workers refills 32 at a time) costs a coroutine stage a GIL hand-off per 32 items
-        # where a fixed stage of 256 paid one per 256 (the source thread spent 1.2 us of CPU
-        # per item against 0.4).
-        few = isinstance(spec, PipeConfig) and spec.auto and i > 0
-        sized = min(workers[i], 4) if few else workers[i]
-        capacity = own or options.queue_size or queue_capacity(sized, batched=depth > 0)
-        refill = capacity // 2 if crosses(i) else None
-        channels.append(new_channel(capacity, f"{i + 1}:{spec.label()} input", i, refill))
-        if isinstance(spec, AggregateConfig):
-            depth += 1
-        elif isinstance(spec, DisaggregateConfig):
-            depth = max(depth - 1, 0)
-    sink_refill = config.buffer_size // 2 if crosses(len(config.stages)) else None
-    channels.append(new_channel(config.buffer_size, "sink", len(config.stages), sink_refill))
-    background_tasks = list(options.background_tasks)
-    if queues:
-        background_tasks.append(queue_hooks_task(queues))
-
-    nodes: list[Node] = [SourceNode(config.source, channels[0])]
-    for i, spec in enumerate(config.stages):
-        name = f"{i + 1}:{spec.label()}"
-        inbox, outbox = channels[i], channels[i + 1]
-        hooks: list[TaskHook] = []
-        if options.task_hook_factory is not None:
-            infos = options.task_hook_factory(
-                StageInfo(name, i + 1, options.stage_id, pipeline_id=pipeline_id)
-            )
-            hooks = check_hooks(infos, name)
+    def node(self, i: int, spec: StageConfig, inbox: Channel[Any], outbox: Channel[Any]) -> Node:
+        """The node of stage ``i``; those without a limit of their own share the budget."""
+        name, budget = f"{i + 1}:{spec.label()}", self.budget
+        hooks = self.hooks(i, name)  # asked of the factory for every stage, as in SPDL
         node: Node
         if isinstance(spec, RegionConfig):
-            node = RegionStage(
-                name,
-                list(spec.stages),
-                spec.executor,
-                options.for_region(),
-                inbox,
-                outbox,
-                _build_region,
-            )
-        elif isinstance(spec, PathVariantsConfig):
+            options = self.options.for_region()
+            stages = list(spec.stages)
+            return RegionStage(name, stages, spec.executor, options, inbox, outbox, _build_region)
+        if isinstance(spec, PathVariantsConfig):
             makers = [
-                lambda src, p=path: make_inner(PipelineSpec(src, list(p), 2)) for path in spec.paths
+                lambda src, p=path: self.inner(PipelineSpec(src, list(p), 2))
+                for path in spec.paths
             ]
-            node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=shared_budget)
-            shared.append(node)
+            node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=budget)
         elif isinstance(spec, AggregateConfig):
             aggregator = spec.make_aggregator()
             node = AggregateStage(
-                name, aggregator, spec.drop_last, inbox, outbox, hooks, budget=shared_budget
+                name, aggregator, inbox, outbox, hooks, drop_last=spec.drop_last, budget=budget
             )
-            shared.append(node)
         elif isinstance(spec, DisaggregateConfig):
-            node = DisaggregateStage(name, inbox, outbox, hooks, budget=shared_budget)
-            shared.append(node)
+            node = DisaggregateStage(name, inbox, outbox, hooks, budget=budget)
         elif isinstance(spec, PipeConfig):
-            node = _op_stage(name, spec, workers[i], inbox, outbox, hooks, shared_budget)
-            if spec.max_failures is None:
-                shared.append(node)
+            node = _op_stage(name, spec, self.workers[i], inbox, outbox, hooks, budget)
+            if spec.max_failures is not None:
+                return node
         else:  # fuse_regions turned every placement into a RegionConfig
             raise AssertionError(f"unexpected stage declaration {spec!r}")
-        nodes.append(node)
-    runtime = Runtime(
-        nodes,
-        channels,
-        report_stats_interval=options.report_stats_interval,
-        autotune=options.autotune_config(),
-        trace=options.trace,
-        background_tasks=background_tasks,
-    )
-    return Pipeline(runtime, channels[-1], description=_describe(config))
+        self.shared.append(node)
+        return node
+
+    def hooks(self, i: int, name: str) -> list[TaskHook]:
+        """Stage ``i``'s task hooks, from the build's ``task_hook_factory`` (none without)."""
+        factory = self.options.task_hook_factory
+        if factory is None:
+            return []
+        info = StageInfo(name, i + 1, self.options.stage_id, pipeline_id=self.pipeline_id)
+        return check_hooks(factory(info), name)
 
 
-def _build_region(source: Iterable[Any], stages: list[Any], options: BuildOptions) -> Any:
+def _build_region(source: Iterable[Any], stages: list[Any], options: BuildOptions) -> Pipeline[Any]:
     """A region's stages as a pipeline of their own (run in each of its worker processes)."""
     return build(PipelineSpec(source, stages, 0), options)
 

@@ -7,7 +7,7 @@ import os
 import weakref
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import Any, Generic, Literal, NoReturn, TypeVar
 
 from .._core.errors import PipelineFailure
 from .._core.stats import StageStats, format_stats
@@ -38,33 +38,24 @@ class Pipeline(Generic[T]):
       ``PipelineFailure``, again on every later call.
     """
 
-    def __init__(self, runtime: Runtime, sink: Channel[Any], *, description: str) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        sink: Channel[Any],
+        *,
+        description: str,
+        renew: Callable[[], tuple[Runtime, Channel[Any]]] | None = None,
+    ) -> None:
+        """``renew``, for a continuous (multi-epoch) pipeline: makes the next epoch's run
+        (its runtime and sink) when an epoch's stream has ended and the consumer asks
+        again (``add_source(continuous=True)``)."""
         self._runtime = runtime
         self._sink = sink
         self._description = description
         self._finalizer = weakref.finalize(self, runtime.shutdown)
         self._explicit = False  # started by start()/auto_stop()/get_item: stop() reports
-        # continuous (multi-epoch) mode: makes the next epoch's run; the current one ended
-        self._renew: Callable[[], Pipeline[T]] | None = None
-        self._epoch_done = False
-
-    def _continue_with(self, renew: Callable[[], Pipeline[T]]) -> None:
-        """Make this a continuous pipeline: when an epoch's stream has ended and the
-        consumer asks again, the next epoch runs as ``renew()``'s run (used by
-        ``build_pipeline`` for ``add_source(continuous=True)``)."""
         self._renew = renew
-
-    def _next_epoch(self) -> None:
-        """The consumer asks for more after an epoch ended: run the next one."""
-        assert self._renew is not None
-        self._runtime.shutdown()
-        nxt = self._renew()
-        nxt._finalizer.detach()
-        self._finalizer.detach()
-        self._runtime, self._sink = nxt._runtime, nxt._sink
-        self._finalizer = weakref.finalize(self, self._runtime.shutdown)
-        self._epoch_done = False
-        self._runtime.start()
+        self._epoch_done = False  # continuous: the current epoch's stream has ended
 
     def __repr__(self) -> str:
         return f"Pipeline({self._description})"
@@ -131,62 +122,7 @@ class Pipeline(Generic[T]):
             timeout: the most seconds to wait for each item (``TimeoutError``; default:
                 wait as long as it takes).
         """
-        return self._iterate(timeout)
-
-    def _iterate(self, timeout: float | None) -> Iterator[T]:
-        if self._renew is not None:
-            return self._iterate_epoch(timeout)
-        return self._iterate_all(timeout)
-
-    def _iterate_epoch(self, timeout: float | None) -> Iterator[T]:
-        """One epoch of a continuous pipeline; the pipeline runs on until ``stop()``."""
-        if self._runtime.state == "new":
-            self._runtime.start()  # not explicit: a failure is raised at the stream's end
-        elif self._epoch_done and self._runtime.state == "running":
-            self._next_epoch()
-        elif self._runtime.state == "stopped":
-            return
-        get = self._sink.get
-        while True:
-            try:
-                item = get(timeout)
-            except ChannelAborted as aborted:
-                if aborted.reason is STOPPED and self._runtime.failure is None:
-                    return
-                return self._end_failed(False)
-            if item is EOF:
-                if self._sink.close_error is not None:
-                    return self._end_failed(False)
-                self._epoch_done = True
-                return
-            yield item
-
-    def _iterate_all(self, timeout: float | None) -> Iterator[T]:
-        started_here = self._runtime.state == "new"
-        if started_here:
-            self._runtime.start()
-        get = self._sink.get
-        try:
-            while True:  # the consumer's per-item path: inline, not shared with get_item
-                try:
-                    item = get(timeout)
-                except ChannelAborted as aborted:
-                    if aborted.reason is STOPPED and self._runtime.failure is None:
-                        return
-                    return self._end_failed(started_here)
-                if item is EOF:
-                    if self._sink.close_error is not None:
-                        return self._end_failed(started_here)
-                    return
-                yield item
-        finally:
-            if started_here:
-                self._runtime.shutdown()
-
-    def _end_failed(self, started_here: bool) -> None:
-        """The stream of a failed pipeline ended: raise now, or leave it to ``stop()``."""
-        if started_here or not self._explicit:
-            _raise(self._runtime.failure)
+        return _iterate(self, timeout)
 
     def get_item(self, *, timeout: float | None = None) -> T:
         """Return the next result; ``EOFError`` at the end, ``TimeoutError`` after ``timeout``.
@@ -203,26 +139,22 @@ class Pipeline(Generic[T]):
         if self._runtime.state == "new":
             self.start()
         elif self._epoch_done and self._runtime.state == "running":
-            self._next_epoch()
+            _next_epoch(self)
         elif self._runtime.state == "stopped" and self._sink.kept:
             return self._sink.kept.popleft()  # what was buffered when stop() came
         try:
             item = self._sink.get(timeout)
         except ChannelAborted as aborted:
-            failure = self._runtime.failure
-            if aborted.reason is STOPPED and failure is None:
-                raise EOFError("the pipeline was stopped") from None
-            raise EOFError("the pipeline failed: stop() raises the failure") from failure
-        if item is EOF:
-            if self._sink.close_error is not None:
-                raise EOFError(
-                    "the pipeline failed: stop() raises the failure"
-                ) from self._runtime.failure
-            if self._renew is not None:
-                self._epoch_done = True
-                raise EOFError("the epoch ended (the next call starts the next one)")
-            raise EOFError("the pipeline reached the end of its source")
-        return item
+            end = _ending(self, aborted)
+        else:
+            if item is not EOF:
+                return item
+            end = _ending(self, None)
+        if end == "failed":
+            raise EOFError("the pipeline failed: stop() raises the failure") from (
+                self._runtime.failure
+            )
+        raise EOFError(_END_OF_ITEMS[end]) from None
 
     # -- introspection -------------------------------------------------------------------
     def get_stats(self) -> list[StageStats]:
@@ -270,6 +202,75 @@ class Pipeline(Generic[T]):
         """Stop, without raising: what a pipeline that this one feeds calls as it stops
         (:class:`StoppableSource`)."""
         self._runtime.shutdown()
+
+
+# -- the consumer's side of the stream, shared by iteration and get_item -----------------
+_Ending = Literal["stopped", "failed", "epoch", "end"]
+_END_OF_ITEMS = {
+    "stopped": "the pipeline was stopped",
+    "epoch": "the epoch ended (the next call starts the next one)",
+    "end": "the pipeline reached the end of its source",
+}
+
+
+def _ending(pipeline: Pipeline[Any], aborted: ChannelAborted | None) -> _Ending:
+    """Why the sink gave no item (``aborted``, or ``EOF`` when None): stopped, failed, the
+    end of a continuous pipeline's epoch (recorded: the next request starts the next one)
+    or the end of the stream."""
+    if aborted is not None:
+        if aborted.reason is STOPPED and pipeline._runtime.failure is None:
+            return "stopped"
+        return "failed"
+    if pipeline._sink.close_error is not None:
+        return "failed"
+    if pipeline._renew is not None:
+        pipeline._epoch_done = True
+        return "epoch"
+    return "end"
+
+
+def _iterate(pipeline: Pipeline[T], timeout: float | None) -> Iterator[T]:
+    """The consumer's loop: the whole stream, or one epoch of a continuous pipeline (which
+    then runs on until ``stop()``). A pipeline this loop started is stopped when it ends;
+    a failure is raised at the end of the stream unless ``stop()`` is to report it."""
+    runtime, continuous = pipeline._runtime, pipeline._renew is not None
+    started_here = False
+    if runtime.state == "new":  # not explicit: a failure is raised at the stream's end
+        runtime.start()
+        started_here = not continuous
+    elif pipeline._epoch_done and runtime.state == "running":
+        _next_epoch(pipeline)
+    elif continuous and runtime.state == "stopped":
+        return
+    get = pipeline._sink.get
+    try:
+        while True:  # the consumer's per-item path: inline, not shared with get_item
+            try:
+                item = get(timeout)
+            except ChannelAborted as aborted:
+                end = _ending(pipeline, aborted)
+                break
+            if item is EOF:
+                end = _ending(pipeline, None)
+                break
+            yield item
+        if end == "failed" and (started_here or not pipeline._explicit):
+            _raise(pipeline._runtime.failure)
+    finally:
+        if started_here:
+            pipeline._runtime.shutdown()
+
+
+def _next_epoch(pipeline: Pipeline[Any]) -> None:
+    """The consumer asks for more after an epoch ended: run the next one."""
+    assert pipeline._renew is not None
+    pipeline._runtime.shutdown()
+    pipeline._finalizer.detach()
+    runtime, pipeline._sink = pipeline._renew()
+    pipeline._runtime = runtime
+    pipeline._finalizer = weakref.finalize(pipeline, runtime.shutdown)
+    pipeline._epoch_done = False
+    runtime.start()
 
 
 class _RunView:

@@ -29,11 +29,11 @@ class AggregateStage(ThreadStage):
         self,
         name: str,
         aggregator: Aggregator,
-        drop_last: bool,
         inbox: Channel[Any],
         outbox: Channel[Any],
         hooks: Sequence[TaskHook] = (),
         *,
+        drop_last: bool = False,
         budget: FailureLimit | None = None,
     ) -> None:
         # An item whose accumulate() raises is a failure like any op's: logged, counted
@@ -63,7 +63,9 @@ class AggregateStage(ThreadStage):
         if not self.hooks:
             out = self.aggregator.flush()
         else:  # as in SPDL, the end-of-stream flush is one more task for the task hooks
-            flush, close = hooked_sync(lambda _: self.aggregator.flush(), self.hooks, False)
+            flush, close = hooked_sync(
+                lambda _: self.aggregator.flush(), self.hooks, generator=False
+            )
             try:
                 out = flush(None)
             finally:

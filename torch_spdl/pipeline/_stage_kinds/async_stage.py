@@ -2,39 +2,44 @@
 
 ``workers`` coroutines each loop: await an item, await the op, await the put. They never
 leave the event loop, so an item moves between two async stages without a thread hop.
+In completion order one loop (:meth:`AsyncStage._run_fast`) serves a coroutine function
+and an async generator alike, as the thread stage's does: a generator's outputs go
+downstream as it makes them, from inside the call. In input order the outputs of each
+item wait for their turn (:meth:`AsyncStage._run_ordered`).
 
 An autotuned stage starts ``max_workers`` coroutines (they cost no thread) and parks those
 above the current limit on futures of the loop; :meth:`AsyncStage.set_concurrency` may be
 called from any thread and wakes them through the loop.
 
-A coroutine ends through the same end-of-stream template as a thread
-(:meth:`~.node.Node.aend_worker`, the awaiting twin of ``end_worker``). An async stage
-holds nothing to flush: ``aggregate`` always runs as a thread stage, whatever the ops
-around it, so ``flush()`` is the base's empty one here; were it not, the template would
-``aput`` what it returns, as a thread stage puts its partial batch.
+A coroutine ends through the same end-of-stream template as a thread (``node.py``). An
+async stage holds nothing to flush: ``aggregate`` always runs as a thread stage, whatever
+the ops around it, so ``flush()`` is the base's empty one here; were it not, the template
+would ``aput`` what it returns, as a thread stage puts its partial batch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from .._core.errors import describe_item
+from .._core.stats import Counters
 from .._declare.ops import OpKind
 from .._plugins.hooks import hooked_async
 from .._wire.channel import EOF, ChannelAborted
-from .node import OpStage
-
-if TYPE_CHECKING:
-    from .._core.protocols import Supervisor
+from .op_stage import OpStage
 
 __all__ = ["AsyncStage"]
+
+AsyncOp = Callable[[Any], Any]  # a coroutine function, or an async generator function
 
 
 class AsyncStage(OpStage):
     """Async op on ``workers`` coroutines, in completion or input order."""
+
+    on_loop = True
+    starts_every_worker = True  # a parked coroutine costs no thread
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -43,13 +48,6 @@ class AsyncStage(OpStage):
         self._parked: list[asyncio.Future[None]] = []
         self._released = False
         self._loop: asyncio.AbstractEventLoop | None = None
-
-    starts_every_worker = True  # a parked coroutine costs no thread
-
-    def launch(self, runtime: Supervisor) -> None:
-        self.enter_stage_hooks()
-        for i in range(self.workers):
-            runtime.spawn_task(partial(self._work, i))
 
     def _resize(self, n: int) -> None:
         super()._resize(n)
@@ -66,15 +64,6 @@ class AsyncStage(OpStage):
             if not fut.done():
                 fut.set_result(None)
 
-    def _call_failed(self, item: Any, exc: Exception) -> None:
-        """Calling an async op raised before it could run (a wrong signature, say): every
-        item would fail the same way, so the stage fails, as in SPDL."""
-        exc.add_note(
-            f"torch_spdl: calling the op of stage {self.name!r} on item {describe_item(item)} "
-            "raised before it ran (does it take exactly one argument?)"
-        )
-        self.fail(exc)
-
     def unblock_workers(self) -> None:
         # Called on the loop's thread (every failure of an async stage is raised there).
         self._released = True
@@ -83,45 +72,39 @@ class AsyncStage(OpStage):
             for _ in range(self.workers):
                 self._window.release()
 
-    async def _gate(self, index: int) -> None:
-        """Park coroutine ``index`` of an autotuned stage while it is above the limit."""
-        while index >= self._concurrency and not self._released:
-            fut = asyncio.get_running_loop().create_future()
-            self._parked.append(fut)
-            await fut
-
-    async def _work(self, index: int) -> None:
-        self._loop = asyncio.get_running_loop()
-        counters = self.new_counters()
-        op = self.op
-        if self.hooks:
-            op = hooked_async(op, self.hooks, generator=self.kind is OpKind.ASYNC_GEN)
-        if self.tracer is not None:
-            op = self.tracer.wrap_async(self, index, op, generator=self.kind is OpKind.ASYNC_GEN)
-        try:
-            if self.ordered or self.kind is OpKind.ASYNC_GEN:
-                await self._run_general(counters, index, op)
-            else:
-                await self._run_fast(counters, index, op)
-        except ChannelAborted:
-            pass
-        except Exception as exc:
-            self.crash(exc)
-        finally:
-            await self.aend_worker()
-
     def release_parked(self) -> None:
         if self.tunable:
             self._released = True
             self._wake_parked()
 
+    async def _gate(self, index: int) -> None:
+        """Park coroutine ``index`` of an autotuned stage while it is above the limit."""
+        while index >= self.concurrency and not self._released:
+            fut = asyncio.get_running_loop().create_future()
+            self._parked.append(fut)
+            await fut
+
+    async def awork(self, index: int, counters: Counters) -> None:
+        self._loop = asyncio.get_running_loop()
+        op = self.op
+        if self.hooks:
+            op = hooked_async(op, self.hooks, generator=self.kind is OpKind.ASYNC_GEN)
+        if self.tracer is not None:
+            op = self.tracer.wrap_async(self, index, op, generator=self.kind is OpKind.ASYNC_GEN)
+        if self.ordered:
+            await self._run_ordered(counters, index, op)
+        else:
+            await self._run_fast(counters, index, op)
+
     # The gate is checked inline, before each get: awaiting a helper that checks it would
     # make a coroutine object per item (about a microsecond each at 40,000 items a second).
-    async def _run_fast(self, counters: Any, index: int, op: Any) -> None:
+    async def _run_fast(self, counters: Counters, index: int, op: AsyncOp) -> None:
         aget, aput, clock = self.inbox.aget, self.outbox.aput, time.perf_counter
         gated = self.tunable
+        if self.kind is OpKind.ASYNC_GEN:
+            op = _streamed(op, aput, counters)
         while True:
-            if gated and index >= self._concurrency:
+            if gated and index >= self.concurrency:
                 await self._gate(index)
             item = await aget()
             if item is EOF:
@@ -129,12 +112,9 @@ class AsyncStage(OpStage):
             counters.num_in += 1
             t0 = clock()
             try:
-                coro = op(item)
-            except Exception as exc:  # the op cannot even be called: fail the stage
-                self._call_failed(item, exc)
-                return
-            try:
-                out = await coro
+                out = await op(item)
+            except ChannelAborted:
+                raise
             except Exception as exc:
                 counters.op_time += clock() - t0
                 self.record_failure(item, exc)
@@ -144,21 +124,19 @@ class AsyncStage(OpStage):
                 await aput(out)
                 counters.num_out += 1
 
-    async def _run_general(self, counters: Any, index: int, op: Any) -> None:
-        aget, aput, clock = self.inbox.aget, self.outbox.aput, time.perf_counter
+    async def _run_ordered(self, counters: Counters, index: int, op: AsyncOp) -> None:
+        aget, clock = self.inbox.aget, time.perf_counter
         gated = self.tunable
-        if self.ordered and self._window is None:
+        if self._window is None:
             self._window = asyncio.Semaphore(self.window)
-        window, ordered, is_gen = self._window, self.ordered, self.kind is OpKind.ASYNC_GEN
+        window, is_gen = self._window, self.kind is OpKind.ASYNC_GEN
         while True:
-            if window is not None:
-                await window.acquire()
-            if gated and index >= self._concurrency:
+            await window.acquire()
+            if gated and index >= self.concurrency:
                 await self._gate(index)
             item = await aget()
             if item is EOF:
-                if window is not None:
-                    window.release()
+                window.release()
                 return
             seq = self._next_seq  # taken with no await in between: the loop is ours alone
             self._next_seq += 1
@@ -166,22 +144,12 @@ class AsyncStage(OpStage):
             t0 = clock()
             outs: list[Any] = []
             try:
-                call = op(item)
-            except Exception as exc:  # the op cannot even be called: fail the stage
-                self._call_failed(item, exc)
-                return
-            try:
                 if is_gen:
-                    async for out in call:
-                        if out is None:
-                            continue
-                        if ordered:
+                    async for out in op(item):
+                        if out is not None:
                             outs.append(out)
-                        else:
-                            await aput(out)
-                            counters.num_out += 1
                 else:
-                    out = await call
+                    out = await op(item)
                     if out is not None:
                         outs.append(out)
             except ChannelAborted:
@@ -189,10 +157,9 @@ class AsyncStage(OpStage):
             except Exception as exc:  # what a generator yielded before it raised is kept
                 self.record_failure(item, exc)
             counters.op_time += clock() - t0
-            if ordered:
-                await self._emit_in_order(seq, outs, counters)
+            await self._emit_in_order(seq, outs, counters)
 
-    async def _emit_in_order(self, seq: int, outs: list[Any], counters: Any) -> None:
+    async def _emit_in_order(self, seq: int, outs: list[Any], counters: Counters) -> None:
         self._pending[seq] = outs
         if self._emitting:
             return  # the coroutine already emitting will reach this one
@@ -207,3 +174,17 @@ class AsyncStage(OpStage):
                 self._window.release()
         finally:
             self._emitting = False
+
+
+def _streamed(
+    op: AsyncOp, aput: Callable[[Any], Awaitable[None]], counters: Counters
+) -> Callable[[Any], Awaitable[None]]:
+    """An async generator op as a coroutine function that puts each output as it is made."""
+
+    async def streamed(item: Any) -> None:
+        async for out in op(item):
+            if out is not None:
+                await aput(out)
+                counters.num_out += 1
+
+    return streamed

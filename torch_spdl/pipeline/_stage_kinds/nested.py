@@ -20,15 +20,16 @@ import asyncio
 import inspect
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from .._core.stats import Counters
+from .._declare.failures import FailureLimit
 from .._plugins.hooks import StageInfo
 from .._wire.channel import EOF, Channel, ChannelAborted
 from .node import Node
 
 if TYPE_CHECKING:
-    from .._core.protocols import InnerPipeline, Supervisor
+    from .._core.protocols import InnerPipeline
 
 __all__ = ["ChannelSource", "MergedSource", "PathVariantsStage", "merge_as_available"]
 
@@ -168,7 +169,7 @@ class PathVariantsStage(Node):
         outbox: Channel[Any],
         *,
         max_failures: int = -1,
-        budget: Any = None,
+        budget: FailureLimit | None = None,
     ) -> None:
         super().__init__(
             name,
@@ -185,19 +186,20 @@ class PathVariantsStage(Node):
         pairs = zip(make_paths, self.routes, strict=True)
         self.paths = [make(ChannelSource(route)) for make, route in pairs]
 
-    def launch(self, runtime: Supervisor) -> None:
-        runtime.spawn_thread(self._route, f"torch_spdl-{self.name}-router")
-        for i, path in enumerate(self.paths):
-            runtime.spawn_thread(partial(self._join, path), f"torch_spdl-{self.name}-path{i}")
-
     def on_stop(self) -> None:
         for route in self.routes:
             route.abort(None)
         for path in self.paths:
             path.stop_source()
 
-    def _route(self) -> None:
-        counters = self.new_counters()
+    def work(self, index: int, counters: Counters) -> None:
+        """Worker 0 routes the input; worker ``i`` joins path ``i - 1`` into the output."""
+        if index == 0:
+            self._route(counters)
+        else:
+            self._join(self.paths[index - 1])
+
+    def _route(self, counters: Counters) -> None:
         loop = asyncio.new_event_loop() if inspect.iscoroutinefunction(self.router) else None
         try:
             while (item := self.inbox.get()) is not EOF:
@@ -220,17 +222,13 @@ class PathVariantsStage(Node):
                 counters.num_out += 1
             for route in self.routes:
                 route.close()
-        except ChannelAborted:
+        except BaseException:  # stopped, or an internal error (the base reports it)
             for route in self.routes:
                 route.abort(None)
-        except BaseException as exc:
-            self.crash(exc)
-            for route in self.routes:
-                route.abort(None)
+            raise
         finally:
             if loop is not None:
                 loop.close()
-            self.end_worker()
 
     def _join(self, path: InnerPipeline) -> None:
         put = self.outbox.put
@@ -241,11 +239,10 @@ class PathVariantsStage(Node):
             path.stop()  # raises the path's failure
         except ChannelAborted:
             path.stop_source()
+            raise
         except Exception as exc:
             path.stop_source()
             exc.add_note(f"torch_spdl: raised in a path of {self.name!r}")
             self.fail(exc)
             for route in self.routes:  # the router may wait on this path's channel
                 route.abort(None)
-        finally:
-            self.end_worker()

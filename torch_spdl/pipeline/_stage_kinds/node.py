@@ -1,71 +1,78 @@
-"""The base every stage shares: lifecycle, counters, failure policy and end of stream.
+"""The base every stage shares: a worker's life, counters, failure policy, end of stream.
 
 The contract itself (what the runtime calls on a stage, what a stage may ask of the
-runtime) is written in ``_core/protocols.py``; this is the one implementation of it that every
-stage derives from.
+runtime) is written in ``_core/protocols.py``; :class:`Node` is the one implementation of
+it that every stage derives from, and it keeps a stage's worker to one method.
 
-A node reads its ``inbox`` channel, writes its ``outbox`` channel and runs workers,
-threads or coroutines that the runtime owns. How a stage *ends* is written once, here, for
-every kind of node (a sync or async source, a thread or async stage, an aggregate, a
-region, path variants): each worker, as it exits, calls :meth:`Node.end_worker` (from a
-thread) or :meth:`Node.aend_worker` (from a coroutine), and the template runs
+**A worker implements one method.** A node runs ``workers`` workers, threads or coroutines
+that the runtime owns (``on_loop`` picks which). Each is one call of :meth:`Node.work`
+(a thread) or :meth:`Node.awork` (a coroutine) with the worker's index and its own
+:class:`Counters`; the node's subclass writes that method and nothing of a worker's life
+around it. The worker
+
+- returns when its input ends (``EOF``), or when the node has nothing more to do;
+- lets :class:`ChannelAborted` go: the pipeline is stopping, or a failure aborted its
+  channels, and the base ends the worker quietly;
+- routes an error raised by the user's code for one item to
+  :meth:`Node.record_failure` (logged, counted, dropped; past the ``max_failures``
+  budget it fails the pipeline), and an error of its own kind to :meth:`Node.fail`;
+- lets anything else go: the base reports it as an internal error of the stage (it fails
+  the pipeline with a note naming the stage), so the consumer never waits forever.
+
+The base owns the rest: it starts the workers (:meth:`Node.launch`; a stage that grows
+while running starts one more with :func:`start_worker`), counts them, and ends each one
+through one template, the same for every kind of node (a sync or async source, a thread
+or async stage, an aggregate, a region, path variants). As a worker exits:
 
 1. :meth:`~Node.release_parked` (every worker): workers parked by an autotuned stage leave
    too, since the input ended or the stage stops;
-2. record that the worker left; only the last one of the stage goes on;
+2. the base records that the worker left; only the last one of the stage goes on;
 3. :meth:`~Node.flush`: what the stage still holds (aggregate's partial batch) goes out;
-4. :meth:`~Node.exit_stage_hooks`: the stage hooks are left, once per stage;
+4. the stage hooks (``stage_hooks``, :mod:`.stage_hooks`) are left, once per stage;
 5. the outbox is closed, once, with this node's failure or the upstream's end-of-stream
    error, so the end of the stream (and any error) travels down the chain in order.
 
-Stages differ only in those overridable steps, never in the sequence. The count of live
-workers belongs to the base: a node starts ``workers`` workers at launch, and a stage that
-grows while running asks for one more with :meth:`Node.join_worker`.
+Stages differ only in those overridable steps, never in the sequence.
 
 A failed item is logged once, counted, and dropped; past its ``max_failures`` budget the
 node fails the pipeline: the runtime stops everything upstream of it, and the node closes
 its outbox with the failure, so what was already made downstream still reaches the
-consumer ahead of the error.
-
-Why this file is one piece (just under 500 lines): :class:`Node` is the template and
-:class:`OpStage` is its one specialisation that runs a user's op (stage hooks, the surface
-the autotuner and tracer read). The end-of-stream steps that ``OpStage`` overrides
-(``exit_stage_hooks``) are called from the template above it; split, each half would be
-read only beside the other.
+consumer ahead of the error. The stage that runs a user's op is :mod:`.op_stage`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Iterable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from .._autotune.meter import StageMeter
 from .._core.errors import describe_item
-from .._core.protocols import QueueReading, StageReading
 from .._core.stats import Counters, StageStats
 from .._declare.failures import FailureLimit
-from .._declare.ops import OpKind
 from .._wire.channel import Channel, ChannelAborted
+from .stage_hooks import StageHooks
 
 if TYPE_CHECKING:
-    from .._core.protocols import StageTracer, Supervisor, TracedStage, TunableStage
-    from .._plugins.hooks import TaskHook
+    from .._core.protocols import Supervisor, TracedStage, TunableStage
 
-__all__ = ["Node", "OpStage"]
+__all__ = ["Node", "start_worker"]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
 
 class Node:
-    """Base class of sources and stages. Subclasses implement :meth:`launch`, which starts
-    ``workers`` workers; each worker ends with :meth:`end_worker` or :meth:`aend_worker`."""
+    """Base class of sources and stages (see the module notes for the contract).
+
+    A subclass implements :meth:`work` (threads) or :meth:`awork` (coroutines, with
+    ``on_loop`` True), and overrides the end-of-stream steps it needs.
+    """
 
     max_workers: int | None = None  # set for an autotuned stage: the most it may grow to
+    on_loop = False  # True: the workers are coroutines on the pipeline's loop (awork)
+    stage_hooks: StageHooks | None = None  # the stage_hook() contexts, left by the last
 
     def __init__(
         self,
@@ -81,6 +88,7 @@ class Node:
         self.inbox = inbox
         self.outbox = outbox
         self.workers = workers  # how many workers launch() starts
+        self.concurrency = workers  # how many may run at once (moved by an autotuned stage)
         if budget is None:
             budget = FailureLimit(max_failures, self.invocations)
         self.budget = budget
@@ -88,27 +96,13 @@ class Node:
         self._counters: list[Counters] = []
         self._lock = threading.Lock()
         # The worker count, owned here: workers started so far, and those not yet left.
-        self._started = workers
+        self.started_workers = workers
         self._live = workers
+        self.finished = False  # True once every worker has left
         self._num_failed = 0
         self._started_at = 0.0
         self._finished_at = 0.0
         self._runtime: Supervisor | None = None
-
-    @property
-    def concurrency(self) -> int:
-        """How many workers may run the op now (fixed unless the stage is autotuned)."""
-        return self.workers
-
-    @property
-    def finished(self) -> bool:
-        """True once every worker has left."""
-        return bool(self._finished_at)
-
-    @property
-    def started_workers(self) -> int:
-        """Workers started so far: launch's, and those joined since (:meth:`join_worker`)."""
-        return self._started
 
     # -- what the runtime's helpers see (SupervisedStage.for_autotuner / for_tracer) -----
     def for_autotuner(self) -> TunableStage | None:
@@ -120,124 +114,45 @@ class Node:
         return None
 
     # -- lifecycle -----------------------------------------------------------------------
-    def launch(self, runtime: Supervisor) -> None:
-        """Register this node's ``workers`` workers with the runtime (which starts them)."""
-        raise NotImplementedError
-
     def bind(self, runtime: Supervisor) -> None:
         self._runtime = runtime
         self._started_at = time.perf_counter()
 
+    def launch(self, runtime: Supervisor) -> None:
+        """Register this node's ``workers`` workers with the runtime (which starts them)."""
+        for index in range(self.workers):
+            if self.on_loop:
+                runtime.spawn_task(partial(_task_worker, self, index))
+            else:
+                runtime.spawn_thread(
+                    partial(_thread_worker, self, index), _thread_name(self, index)
+                )
+
+    def work(self, index: int, counters: Counters) -> None:
+        """Worker ``index``'s loop, on a thread of its own (the contract: module notes)."""
+        raise NotImplementedError
+
+    async def awork(self, index: int, counters: Counters) -> None:
+        """Worker ``index``'s loop as a coroutine on the pipeline's loop (``on_loop``)."""
+        raise NotImplementedError
+
     def on_stop(self) -> None:
         """Called once when the pipeline stops; release what the workers may block on."""
 
-    def new_counters(self) -> Counters:
-        counters = Counters()
-        with self._lock:
-            self._counters.append(counters)
-        return counters
+    def unblock_workers(self) -> None:
+        """Wake workers that wait on something other than a channel (an input-order window,
+        an autotuner's parking), so that they reach the aborted input and leave; a worker
+        that failed may never emit its place in the order."""
 
-    def join_worker(self) -> int | None:
-        """Count one more worker of a running stage (an autotuned stage grows); its index,
-        or None once the stage has ended. It ends with :meth:`end_worker`, started or not."""
-        with self._lock:
-            if self._finished_at:
-                return None
-            self._live += 1
-            index = self._started
-            self._started += 1
-            return index
-
-    # -- end of stream: one template (see the module notes) ------------------------------
-    def end_worker(self) -> None:
-        """End a worker thread; the last one of the stage flushes, leaves the stage hooks
-        and closes the outbox. Blocks while the outbox is full."""
-        if not self._leave():
-            return
-        counters, outs = self.new_counters(), self._flushed()
-        try:
-            for item in outs:  # a partial batch goes out even before an upstream error
-                self.outbox.put(item)
-                counters.num_out += 1
-        except ChannelAborted:
-            pass  # stopped meanwhile: nobody reads what was held
-        self.exit_stage_hooks()
-        self.outbox.close(self.end_error())
-
-    async def aend_worker(self) -> None:
-        """:meth:`end_worker` for a worker coroutine: the same steps, awaiting where a
-        thread blocks (putting flushed items, leaving the stage hooks)."""
-        if not self._leave():
-            return
-        counters, outs = self.new_counters(), self._flushed()
-        try:
-            for item in outs:
-                await self.outbox.aput(item)
-                counters.num_out += 1
-        except ChannelAborted:
-            pass
-        await self.aexit_stage_hooks()
-        self.outbox.close(self.end_error())
-
+    # -- the end-of-stream steps a stage may override (see the module notes) -------------
     def release_parked(self) -> None:
         """Step 1, run by every worker as it exits: let workers that wait for a turn (an
         autotuned stage's parked ones) leave too."""
-
-    def _leave(self) -> bool:
-        """Step 2 (with step 1): record that a worker left; True for the last one."""
-        self.release_parked()
-        with self._lock:
-            self._live -= 1
-            if self._live:
-                return False
-            self._finished_at = time.perf_counter()
-            return True
 
     def flush(self) -> Iterable[Any]:
         """Step 3: the items the stage still holds after its input ended (aggregate's
         partial batch); none by default."""
         return ()
-
-    def _flushed(self) -> list[Any]:
-        try:
-            return list(self.flush())
-        except Exception as exc:  # a custom aggregator's flush(): fail, never hang
-            exc.add_note(f"torch_spdl: raised by flush() at the end of stage {self.name!r}")
-            self.fail(exc)
-            return []
-
-    def exit_stage_hooks(self) -> None:
-        """Step 4 from a thread: leave the stage hooks (none by default)."""
-
-    async def aexit_stage_hooks(self) -> None:
-        """Step 4 from a coroutine: leave the stage hooks (none by default)."""
-
-    def upstream_error(self) -> BaseException | None:
-        return self.inbox.close_error if self.inbox is not None else None
-
-    def end_error(self) -> BaseException | None:
-        """Step 5: what to close the outbox with: this node's failure, or the upstream's.
-
-        Called once, by the last worker to leave. A failure rate is checked here too, so
-        that failures made during the probation count once the stage has seen enough.
-        """
-        with self._lock:
-            failed_here = self._num_failed
-        if (
-            self._failure is None
-            and self.upstream_error() is None
-            and failed_here  # a shared budget is tripped by the stage whose failure tips it
-            and self.budget.is_rate  # a count is checked as each failure is added
-            and self.budget.exceeded()
-        ):
-            self._trip(None, None)
-        return self._failure or self.upstream_error()
-
-    def invocations(self) -> int:
-        """Items taken so far (read when an item fails; the workers count lock-free)."""
-        with self._lock:
-            counters = list(self._counters)
-        return sum(c.num_in for c in counters)
 
     # -- failures ------------------------------------------------------------------------
     def record_failure(self, item: Any, exc: Exception) -> None:
@@ -253,30 +168,13 @@ class Node:
             exc_info=_LG.isEnabledFor(logging.DEBUG),
         )
         if self.budget.add() and self._failure is None:
-            self._trip(item, exc)
-
-    def _trip(self, item: Any, exc: Exception | None) -> None:
-        """Fail the pipeline because this stage went over its budget."""
-        with self._lock:
-            count = self._num_failed
-        limit = self.budget.describe()
-        if exc is None:  # a rate found exceeded when the stage ended
-            exc = RuntimeError(
-                f"stage {self.name!r} ended with {self.budget.count} failures in "
-                f"{self.budget.invocations()} items, more than {limit}"
-            )
-        else:
-            exc.add_note(
-                f"torch_spdl: stage {self.name!r} failed on item {describe_item(item)}; "
-                f"{self.budget.count} failures, more than {limit}"
-            )
-        self.fail(exc, num_failures=count)
+            _over_budget(self, item, exc)
 
     def fail(self, error: BaseException, *, num_failures: int = 0) -> None:
         """Fail the pipeline with ``error`` (raised by this node's op, source or engine).
 
         The runtime stops every node upstream; this node's workers finish what they hold
-        and the last one closes the outbox with the failure (see :meth:`end_error`).
+        and the last one closes the outbox with the failure (see :func:`_end_error`).
         """
         if not isinstance(error, Exception):  # an ExceptionGroup holds Exceptions only
             wrapped = RuntimeError(f"{type(error).__name__}: {error}")
@@ -290,16 +188,11 @@ class Node:
         self._runtime.fail(error, node=self, num_failures=num_failures)
         self.unblock_workers()
 
-    def unblock_workers(self) -> None:
-        """Wake workers that wait on something other than a channel (an input-order window,
-        an autotuner's parking), so that they reach the aborted input and leave; a worker
-        that failed may never emit its place in the order."""
-
-    def crash(self, exc: BaseException) -> None:
-        """A worker hit an error outside the user's op: never leave the consumer hanging."""
-        if isinstance(exc, Exception):
-            exc.add_note(f"torch_spdl: stage {self.name!r} stopped on an internal error")
-        self.fail(exc)
+    def invocations(self) -> int:
+        """Items taken so far (read when an item fails; the workers count lock-free)."""
+        with self._lock:
+            counters = list(self._counters)
+        return sum(c.num_in for c in counters)
 
     # -- stats ---------------------------------------------------------------------------
     def stats(self) -> StageStats:
@@ -325,180 +218,165 @@ class Node:
         )
 
 
-class OpStage(Node):
-    """A node that applies a user op with ``workers`` workers, in completion or input order.
+# -- a worker's life, owned by the base ----------------------------------------------------
+def _thread_name(node: Node, index: int) -> str:
+    """A worker thread's name: the stage's, numbered when it may have several."""
+    alone = node.workers == 1 and node.max_workers is None
+    return f"torch_spdl-{node.name}" if alone else f"torch_spdl-{node.name}-{index}"
 
-    For input order, each item gets a sequence number as it is taken, and results are
-    emitted strictly by sequence number (``_pending`` holds those that finished early).
 
-    With ``max_workers`` set the stage is autotuned: the ``workers`` argument is only the
-    concurrency it starts with, and :meth:`set_concurrency` moves the number of workers
-    allowed to take items (:attr:`concurrency`) between :attr:`floor` and :attr:`bound`
-    while it runs; the workers above it are parked. A stage whose workers cost no thread
-    (``starts_every_worker``) starts all ``bound`` of them at launch, the others start
-    theirs as the concurrency grows (:meth:`Node.join_worker`).
-    ``tracer``, when set before launch, records when each item's op started and ended.
-    An op stage is what the autotuner reads (:class:`TunableStage`), tuned or not; an
-    autotuned one's op is metered (wall and CPU time per item) from launch, and
-    ``tune_key`` names it in what the tuner remembers between builds.
+def _thread_worker(node: Node, index: int) -> None:
+    """A worker thread: the node's loop, then the end of stream (module notes)."""
+    try:
+        node.work(index, _new_counters(node))
+    except ChannelAborted:
+        pass  # stopped, or a failure aborted the channels: leave quietly
+    except BaseException as exc:
+        _internal_error(node, exc)
+    finally:
+        _end_thread(node)
+
+
+async def _task_worker(node: Node, index: int) -> None:
+    """A worker coroutine: the node's loop, then the end of stream (module notes)."""
+    try:
+        await node.awork(index, _new_counters(node))
+    except ChannelAborted:
+        pass
+    except Exception as exc:  # a cancellation goes on: the loop is being torn down
+        _internal_error(node, exc)
+    finally:
+        await _end_task(node)
+
+
+def start_worker(node: Node) -> bool:
+    """Start one more worker thread of a running node (an autotuned stage grows); False
+    once the node has ended or the pipeline stops. A worker counted and never started
+    leaves as any worker does."""
+    runtime = node._runtime
+    if runtime is None:
+        return False
+    with node._lock:
+        if node.finished:
+            return False
+        node._live += 1
+        index = node.started_workers
+        node.started_workers += 1
+    if not runtime.start_thread(partial(_thread_worker, node, index), _thread_name(node, index)):
+        _end_thread(node)
+        return False
+    return True
+
+
+def _new_counters(node: Node) -> Counters:
+    counters = Counters()
+    with node._lock:
+        node._counters.append(counters)
+    return counters
+
+
+def _internal_error(node: Node, exc: BaseException) -> None:
+    """A worker hit an error outside the user's op: never leave the consumer hanging."""
+    if isinstance(exc, Exception):
+        exc.add_note(f"torch_spdl: stage {node.name!r} stopped on an internal error")
+    node.fail(exc)
+
+
+# -- end of stream: one template (see the module notes) ------------------------------------
+def _end_thread(node: Node) -> None:
+    """End a worker thread; the last one of the stage flushes, leaves the stage hooks and
+    closes the outbox. Blocks while the outbox is full."""
+    if not _leave(node):
+        return
+    counters, outs = _new_counters(node), _flushed(node)
+    try:
+        for item in outs:  # a partial batch goes out even before an upstream error
+            node.outbox.put(item)
+            counters.num_out += 1
+    except ChannelAborted:
+        pass  # stopped meanwhile: nobody reads what was held
+    hooks = node.stage_hooks
+    if hooks is not None and (error := hooks.exit()) is not None:
+        node.fail(error)
+    node.outbox.close(_end_error(node))
+
+
+async def _end_task(node: Node) -> None:
+    """:func:`_end_thread` for a worker coroutine: the same steps, awaiting where a thread
+    blocks (putting flushed items, leaving the stage hooks)."""
+    if not _leave(node):
+        return
+    counters, outs = _new_counters(node), _flushed(node)
+    try:
+        for item in outs:
+            await node.outbox.aput(item)
+            counters.num_out += 1
+    except ChannelAborted:
+        pass
+    hooks = node.stage_hooks
+    if hooks is not None and (error := await hooks.aexit()) is not None:
+        node.fail(error)
+    node.outbox.close(_end_error(node))
+
+
+def _leave(node: Node) -> bool:
+    """Steps 1 and 2: let parked workers go, and record that a worker left; True for the
+    last one."""
+    node.release_parked()
+    with node._lock:
+        node._live -= 1
+        if node._live:
+            return False
+        node._finished_at = time.perf_counter()
+        node.finished = True
+        return True
+
+
+def _flushed(node: Node) -> list[Any]:
+    """Step 3: what the stage still holds, as a list."""
+    try:
+        return list(node.flush())
+    except Exception as exc:  # a custom aggregator's flush(): fail, never hang
+        exc.add_note(f"torch_spdl: raised by flush() at the end of stage {node.name!r}")
+        node.fail(exc)
+        return []
+
+
+def _end_error(node: Node) -> BaseException | None:
+    """Step 5: what to close the outbox with: this node's failure, or the upstream's.
+
+    Called once, by the last worker to leave. A failure rate is checked here too, so that
+    failures made during the probation count once the stage has seen enough.
     """
+    upstream = node.inbox.close_error if node.inbox is not None else None
+    with node._lock:
+        failed_here = node._num_failed
+    if (
+        node._failure is None
+        and upstream is None
+        and failed_here  # a shared budget is tripped by the stage whose failure tips it
+        and node.budget.is_rate  # a count is checked as each failure is added
+        and node.budget.exceeded()
+    ):
+        _over_budget(node, None, None)
+    return node._failure or upstream
 
-    inbox: Channel[Any]  # a stage always has an input, unlike a source
-    starts_every_worker = False  # True: launch starts `bound` workers and parks the excess
 
-    def __init__(
-        self,
-        name: str,
-        op: Callable[[Any], Any],
-        kind: OpKind,
-        inbox: Channel[Any],
-        outbox: Channel[Any],
-        *,
-        workers: int,
-        ordered: bool,
-        max_failures: int = -1,
-        max_workers: int | None = None,
-        budget: FailureLimit | None = None,
-        hooks: Sequence[TaskHook] = (),
-        tune_key: Hashable | None = None,
-        min_workers: int = 1,
-    ) -> None:
-        bound = max_workers if max_workers is not None else workers
-        concurrency = min(workers, bound)
-        super().__init__(
-            name,
-            inbox,
-            outbox,
-            workers=bound if self.starts_every_worker else concurrency,
-            max_failures=max_failures,
-            budget=budget,
+def _over_budget(node: Node, item: Any, exc: Exception | None) -> None:
+    """Fail the pipeline because ``node`` went over its budget (on ``item``'s ``exc``; or,
+    both None, a rate found exceeded as the stage ended)."""
+    with node._lock:
+        count = node._num_failed
+    budget = node.budget
+    limit = budget.describe()
+    if exc is None:
+        exc = RuntimeError(
+            f"stage {node.name!r} ended with {budget.count} failures in "
+            f"{budget.invocations()} items, more than {limit}"
         )
-        self.bound = bound  # the most workers this stage ever runs
-        self.floor = min_workers  # the fewest an autotuned stage runs
-        self.max_workers = max_workers
-        self._concurrency = concurrency  # workers allowed to take items
-        self.tune_key = tune_key
-        self.meter: StageMeter | None = None
-        self.hooks = list(hooks)
-        self._stage_stack: contextlib.AsyncExitStack | None = None
-        self.op = op
-        self.kind = kind
-        self.ordered = ordered and bound > 1
-        self._next_seq = 0
-        self._next_emit = 0
-        self._pending: dict[int, Any] = {}
-        self.window = 2 * bound  # most items taken and not yet emitted, in input order
-        self.tracer: StageTracer | None = None
-
-    @property
-    def concurrency(self) -> int:
-        return self._concurrency
-
-    # -- the autotuner's surface (TunableStage) and the tracer's (TracedStage) ------------
-    @property
-    def tunable(self) -> bool:
-        """True for an autotuned stage (``concurrency="auto"``)."""
-        return self.max_workers is not None
-
-    def for_autotuner(self) -> TunableStage:
-        return self
-
-    def for_tracer(self) -> TracedStage:
-        return self
-
-    def bind(self, runtime: Supervisor) -> None:
-        super().bind(runtime)
-        # Meter an autotuned op on our own workers (an executor's op may have to pickle).
-        if self.tunable and self.meter is None and getattr(self, "executor", None) is None:
-            meter = self.meter = StageMeter()
-            if self.kind is OpKind.ASYNC_FUNC:
-                self.op = meter.wrap_async(self.op)
-            elif self.kind is OpKind.ASYNC_GEN:
-                self.op = meter.wrap_async_gen(self.op)
-            else:
-                self.op = meter.wrap_sync(self.op, generator=self.kind is OpKind.GEN)
-
-    def reading(self) -> StageReading:
-        """Cumulative counters for the autotuner."""
-        metered: int | None = None
-        pending, since = 0, None
-        if self.meter is not None:
-            items, metered, busy, cpu = self.meter.totals()
-            pending, since = self.meter.waiting() or (0, None)
-        else:
-            with self._lock:
-                counters = list(self._counters)
-            items = sum(c.num_in for c in counters)
-            busy, cpu = sum(c.op_time for c in counters), None
-        return StageReading(
-            items,
-            busy,
-            cpu,
-            QueueReading.of(self.inbox),
-            QueueReading.of(self.outbox),
-            metered,
-            pending,
-            since,
+    else:
+        exc.add_note(
+            f"torch_spdl: stage {node.name!r} failed on item {describe_item(item)}; "
+            f"{budget.count} failures, more than {limit}"
         )
-
-    def set_concurrency(self, n: int) -> int:
-        """Allow ``n`` workers (clamped to floor..bound); returns the value applied."""
-        if not self.tunable:
-            raise RuntimeError(f"stage {self.name!r} has a fixed concurrency")
-        n = max(self.floor, 1, min(int(n), self.bound))
-        self._resize(n)
-        return n
-
-    def _resize(self, n: int) -> None:
-        """Apply a new concurrency; the subclasses wake or start workers."""
-        self._concurrency = n
-
-    # -- stage hooks (only for stages built with hooks) ------------------------------------
-    def enter_stage_hooks(self) -> None:
-        """Enter every hook's ``stage_hook()`` (from ``launch``, on a private loop).
-
-        An error fails the pipeline: the stage's input is aborted, so its workers leave at
-        once and close its output with the error.
-        """
-        if not self.hooks:
-            return
-        stack = contextlib.AsyncExitStack()
-
-        async def enter() -> None:
-            for hook in self.hooks:
-                await stack.enter_async_context(hook.stage_hook())
-
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(enter())
-            self._stage_stack = stack
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(stack.aclose())
-            self._hook_failed(exc)
-        finally:
-            loop.close()
-
-    def exit_stage_hooks(self) -> None:
-        """Leave the stage hooks from a worker thread (the last one, as the stage ends)."""
-        if self._stage_stack is None:
-            return
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(self.aexit_stage_hooks())
-        finally:
-            loop.close()
-
-    async def aexit_stage_hooks(self) -> None:
-        """Leave the stage hooks from a coroutine (the last one, as the stage ends)."""
-        stack, self._stage_stack = self._stage_stack, None
-        if stack is None:
-            return
-        try:
-            await stack.aclose()
-        except Exception as exc:
-            self._hook_failed(exc)
-
-    def _hook_failed(self, exc: Exception) -> None:
-        exc.add_note(f"torch_spdl: raised by a stage_hook() of stage {self.name!r}")
-        self.fail(exc)
+    node.fail(exc, num_failures=count)

@@ -38,11 +38,11 @@ import pickle
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from .._core.errors import PipelineFailure, describe_item
+from .._core.stats import Counters
 from .._declare.config import BuildOptions
 from .._declare.placement import ProcessPoolExecutorConfig
 from .._wire.channel import EMPTY, EOF, Channel, ChannelAborted
@@ -179,16 +179,13 @@ class RegionStage(Node):
         self.num = config.workers()
         self.build = build
         super().__init__(name, inbox, outbox, workers=2 * self.num)
+        self.concurrency = self.num
         self.stages = stages
         self.config = config
         self.options = options
         self._workers: list[_Worker] = []
         self._stopping = False
         self._failed_inside = 0
-
-    @property
-    def concurrency(self) -> int:
-        return self.num
 
     def launch(self, runtime: Supervisor) -> None:
         ctx = self.config.context()
@@ -214,11 +211,16 @@ class RegionStage(Node):
             results_w.close()
             worker = _Worker(i, process, to_worker_w, results_r)
             self._workers.append(worker)
-            runtime.spawn_thread(partial(self._feed, worker), f"torch_spdl-{self.name}-feed{i}")
-            runtime.spawn_thread(partial(self._receive, worker), f"torch_spdl-{self.name}-recv{i}")
+        super().launch(runtime)
 
-    def _feed(self, worker: _Worker) -> None:
-        counters = self.new_counters()
+    def work(self, index: int, counters: Counters) -> None:
+        """Thread ``i`` feeds worker process ``i``; thread ``num + i`` receives from it."""
+        if index < self.num:
+            self._feed(self._workers[index], counters)
+        else:
+            self._receive(self._workers[index - self.num], counters)
+
+    def _feed(self, worker: _Worker, counters: Counters) -> None:
         get, get_nowait = self.inbox.get, self.inbox.get_nowait
         conn = worker.to_worker
         try:
@@ -241,11 +243,8 @@ class RegionStage(Node):
             pass  # stopping, or the worker died (its receiver reports that)
         except TypeError as exc:  # an item that cannot be pickled
             self.fail(exc)
-        except BaseException as exc:
-            self.crash(exc)
         finally:
             conn.close()
-            self.end_worker()
 
     def _pickled(self, chunk: list[Any]) -> bytes:
         try:
@@ -261,8 +260,7 @@ class RegionStage(Node):
                     ) from exc
             raise
 
-    def _receive(self, worker: _Worker) -> None:
-        counters = self.new_counters()
+    def _receive(self, worker: _Worker, counters: Counters) -> None:
         put = self.outbox.put
         try:
             while True:
@@ -287,13 +285,8 @@ class RegionStage(Node):
                     payload.add_note(f"torch_spdl: raised in {worker.describe()} of {self.name!r}")
                     self.fail(payload)
                     return
-        except ChannelAborted:
-            pass
-        except BaseException as exc:
-            self.crash(exc)
         finally:
             worker.results.close()
-            self.end_worker()
 
     def _died(self, worker: _Worker) -> None:
         process = worker.process

@@ -1,21 +1,21 @@
 """The source node: iterates the user's (async) iterable into the first channel.
 
-It ends as every stage does (``Node.end_worker`` / ``aend_worker``): a source holds
-nothing to flush and has no stage hooks, so its end is closing the first channel, with
-the source's error if iterating it raised.
+Its one worker is :meth:`SourceNode.work` (a thread) or :meth:`SourceNode.awork` (a task),
+and it ends as every stage does (the template in ``node.py``): a source holds nothing to
+flush and has no stage hooks, so its end is closing the first channel, with the source's
+error if iterating it raised (an error of the user's iterable: the source's own failure,
+noted as such, not an internal one).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._core.protocols import StoppableSource
+from .._core.stats import Counters
 from .._wire.channel import Channel, ChannelAborted
 from .node import Node
-
-if TYPE_CHECKING:
-    from .._core.protocols import Supervisor
 
 __all__ = ["SourceNode", "on_loop"]
 
@@ -33,16 +33,7 @@ class SourceNode(Node):
     def __init__(self, source: Iterable[Any] | AsyncIterable[Any], outbox: Channel[Any]) -> None:
         super().__init__("source", None, outbox)
         self.source = source
-
-    @property
-    def is_async(self) -> bool:
-        return on_loop(self.source)
-
-    def launch(self, runtime: Supervisor) -> None:
-        if self.is_async:
-            runtime.spawn_task(self._run_async)
-        else:
-            runtime.spawn_thread(self._run_sync, "torch_spdl-source")
+        self.on_loop = on_loop(source)
 
     def on_stop(self) -> None:
         # A Pipeline used as a source blocks in its own get(); stopping it releases us.
@@ -55,36 +46,28 @@ class SourceNode(Node):
         exc.add_note(f"torch_spdl: raised while iterating the pipeline's source {self.source!r}")
         self.fail(exc)
 
-    def _run_sync(self) -> None:
-        counters = self.new_counters()
+    def work(self, index: int, counters: Counters) -> None:
         put = self.outbox.put
         source = self.source
+        assert isinstance(source, Iterable)  # run here only when not on the loop
         try:
-            assert isinstance(source, Iterable)  # run here only when not is_async
             for item in source:
                 put(item)
                 counters.num_out += 1
         except ChannelAborted:
-            pass
+            raise
         except Exception as exc:
             self._source_failed(exc)
-        except BaseException as exc:
-            self.crash(exc)
-        finally:
-            self.end_worker()
 
-    async def _run_async(self) -> None:
-        counters = self.new_counters()
+    async def awork(self, index: int, counters: Counters) -> None:
         aput = self.outbox.aput
         source = self.source
+        assert isinstance(source, AsyncIterable)  # run here only when on the loop
         try:
-            assert isinstance(source, AsyncIterable)  # run here only when is_async
             async for item in source:
                 await aput(item)
                 counters.num_out += 1
         except ChannelAborted:
-            pass
+            raise
         except Exception as exc:
             self._source_failed(exc)
-        finally:
-            await self.aend_worker()

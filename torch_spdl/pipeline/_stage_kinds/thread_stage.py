@@ -2,9 +2,12 @@
 
 Each worker loops: take an item, run the op, put the result. There is no per-item task,
 future or executor dispatch on the default path, which is what makes the hot path cheap.
-With a user executor (a dedicated ``ThreadPoolExecutor``, a ``ProcessPoolExecutor``), each
-worker hands its item to the executor and waits, so the executor does the work while
-``concurrency`` bounds how many items are in flight.
+That loop (:meth:`ThreadStage._run_fast`) serves a function and a generator alike: a
+generator's outputs go downstream as it makes them, from inside the call. With a user
+executor (a dedicated ``ThreadPoolExecutor``, a ``ProcessPoolExecutor``), or in input
+order, the general loop runs instead: each worker hands its item to the executor and
+waits, so the executor does the work while ``concurrency`` bounds how many items are in
+flight, and the outputs wait for their turn.
 
 With a ``ProcessPoolExecutor`` a round trip costs hundreds of microseconds and a pickle
 each way, more than a small op itself: a worker then sends the items already waiting in its
@@ -26,15 +29,14 @@ import time
 from collections.abc import Callable
 from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .._core.stats import Counters
 from .._declare.ops import OpKind, call_each, call_to_list
 from .._plugins.hooks import hooked_sync
 from .._wire.channel import EMPTY, EOF, ChannelAborted
-from .node import OpStage
-
-if TYPE_CHECKING:
-    from .._core.protocols import Supervisor
+from .node import start_worker
+from .op_stage import OpStage
 
 __all__ = ["CHUNK_S", "MAX_CHUNK", "ThreadStage"]
 
@@ -58,71 +60,57 @@ class ThreadStage(OpStage):
 
     one_task_per_item = False  # with hooks: a generator op's call is one task, not each step
 
-    def launch(self, runtime: Supervisor) -> None:
-        self.enter_stage_hooks()
-        for i in range(self.workers):
-            runtime.spawn_thread(partial(self._work, i), f"torch_spdl-{self.name}-{i}")
-
     def _resize(self, n: int) -> None:
         with self._parking:
             super()._resize(n)
-            while self.started_workers < n and not self._released and self._add_worker():
+            while self.started_workers < n and not self._released and start_worker(self):
                 pass
             self._parking.notify_all()
 
-    def _add_worker(self) -> bool:
-        """Start one more worker thread while the stage runs; False if it cannot."""
-        runtime = self._runtime
-        if runtime is None:
-            return False
-        i = self.join_worker()
-        if i is None:
-            return False
-        if not runtime.start_thread(partial(self._work, i), f"torch_spdl-{self.name}-{i}"):
-            self.end_worker()  # counted, never started: it leaves as any worker does
-            return False
-        return True
-
     def release_parked(self) -> None:
         if self.tunable:
-            self._release()
+            with self._parking:
+                self._released = True
+                self._parking.notify_all()
 
-    def _release(self) -> None:
+    def on_stop(self) -> None:
+        self.unblock_workers()
+
+    def unblock_workers(self) -> None:
         with self._parking:
             self._released = True
             self._parking.notify_all()
+        for _ in range(self.started_workers):  # free workers waiting for the window
+            self._window.release()
 
-    def _gated_get(self, index: int) -> Any:
-        """``inbox.get`` for worker ``index`` of an autotuned stage: park while above the limit."""
-        if index >= self._concurrency:  # checked here too: no call per item when not parking
-            self._gate(index)
-        return self.inbox.get()
-
-    def _work(self, index: int) -> None:
-        counters = self.new_counters()
-        get = partial(self._gated_get, index) if self.tunable else self.inbox.get
-        close: Callable[[], None] | None = None
+    def work(self, index: int, counters: Counters) -> None:
+        if self.executor is not None or self.ordered:
+            if (
+                isinstance(self.executor, ProcessPoolExecutor)
+                and self.kind is OpKind.FUNC
+                and not self.hooks
+                and self.tracer is None
+                and not self.tunable
+            ):
+                self._loop_chunked(counters)
+                return
+            compute, close = self._compute_fn()
+            try:
+                self._loop_general(counters, index, compute)
+            finally:
+                if close is not None:
+                    close()
+            return
+        op, close = self.op, None
+        if self.hooks:
+            op, close = self._hooked(op)
+        if self.tracer is not None:
+            op = self.tracer.wrap(self, index, op, generator=self.kind is OpKind.GEN)
         try:
-            if self.executor is None and not self.ordered:
-                op = self.op
-                if self.hooks:
-                    op, close = self._hooked(op)
-                if self.tracer is not None:
-                    op = self.tracer.wrap(self, index, op, generator=self.kind is OpKind.GEN)
-                if self.kind is OpKind.FUNC:
-                    self._run_fast(counters, get, op)
-                else:
-                    self._run_streaming(counters, get, op)
-            else:
-                close = self._run_general(counters, index)
-        except ChannelAborted:
-            pass
-        except BaseException as exc:
-            self.crash(exc)
+            self._run_fast(counters, index, op)
         finally:
             if close is not None:
                 close()
-            self.end_worker()
 
     def _hooked(self, op: Callable[[Any], Any]) -> tuple[Callable[[Any], Any], Callable[[], None]]:
         """``op`` with this stage's task hooks (one private event loop per worker)."""
@@ -131,9 +119,13 @@ class ThreadStage(OpStage):
             return (lambda item: hooked(item) or ()), close
         return hooked_sync(op, self.hooks, generator=self.kind is OpKind.GEN)
 
-    # The hot path: a plain function, completion order, on our own thread.
-    def _run_fast(self, counters: Any, get: Callable[[], Any], op: Callable[[Any], Any]) -> None:
+    # The hot path: completion order, on our own thread. A generator's outputs are put from
+    # inside the call (_streamed), so one loop serves both kinds.
+    def _run_fast(self, counters: Counters, index: int, op: Callable[[Any], Any]) -> None:
         put, clock = self.outbox.put, time.perf_counter
+        get = _gated(self, index) if self.tunable else self.inbox.get
+        if self.kind is OpKind.GEN:
+            op = _streamed(op, put, counters)
         while True:
             item = get()
             if item is EOF:
@@ -142,6 +134,8 @@ class ThreadStage(OpStage):
             t0 = clock()
             try:
                 out = op(item)
+            except ChannelAborted:
+                raise
             except Exception as exc:
                 counters.op_time += clock() - t0
                 self.record_failure(item, exc)
@@ -151,50 +145,9 @@ class ThreadStage(OpStage):
                 put(out)
                 counters.num_out += 1
 
-    # A generator in completion order: each output goes downstream as soon as it is made.
-    def _run_streaming(
-        self, counters: Any, get: Callable[[], Any], op: Callable[[Any], Any]
-    ) -> None:
-        put, clock = self.outbox.put, time.perf_counter
-        while True:
-            item = get()
-            if item is EOF:
-                return
-            counters.num_in += 1
-            t0 = clock()
-            try:
-                for out in op(item):
-                    if out is not None:
-                        put(out)
-                        counters.num_out += 1
-            except ChannelAborted:
-                raise
-            except Exception as exc:
-                self.record_failure(item, exc)
-            counters.op_time += clock() - t0
-
     # Everything else: an executor, or input order, or both.
-    def _run_general(self, counters: Any, index: int) -> Callable[[], None] | None:
-        if (
-            isinstance(self.executor, ProcessPoolExecutor)
-            and self.kind is OpKind.FUNC
-            and not self.hooks
-            and self.tracer is None
-            and not self.tunable
-        ):
-            self._loop_chunked(counters)
-            return None
-        compute, close = self._compute_fn()
-        try:
-            self._loop_general(counters, index, compute)
-        except BaseException:
-            if close is not None:
-                close()
-            raise
-        return close
-
     def _loop_general(
-        self, counters: Any, index: int, compute: Callable[[Any, list[Any]], None]
+        self, counters: Counters, index: int, compute: Callable[[Any, list[Any]], None]
     ) -> None:
         get, clock, ordered = self.inbox.get, time.perf_counter, self.ordered
         if self.tracer is not None:
@@ -318,16 +271,13 @@ class ThreadStage(OpStage):
             call, close = hooked_sync(submit, self.hooks, generator=False)
         return (lambda item, outs: _append(outs, call(item))), close
 
-    def _emit(self, seq: int | None, outs: list[Any], counters: Any) -> None:
+    def _emit(self, seq: int | None, outs: list[Any], counters: Counters) -> None:
         """Put an item's outputs: at once, or in input order (``seq``: its place)."""
-        if seq is not None:
-            self._emit_in_order(seq, outs, counters)
+        if seq is None:
+            for out in outs:
+                self.outbox.put(out)
+                counters.num_out += 1
             return
-        for out in outs:
-            self.outbox.put(out)
-            counters.num_out += 1
-
-    def _emit_in_order(self, seq: int, outs: Any, counters: Any) -> None:
         with self._emit_lock:
             self._pending[seq] = outs
             while self._next_emit in self._pending:
@@ -339,18 +289,10 @@ class ThreadStage(OpStage):
 
     def _gate(self, index: int) -> None:
         """Park worker ``index`` of an autotuned stage while it is above the limit."""
-        if index >= self._concurrency:
+        if index >= self.concurrency:
             with self._parking:
-                while index >= self._concurrency and not self._released:
+                while index >= self.concurrency and not self._released:
                     self._parking.wait()
-
-    def on_stop(self) -> None:
-        self.unblock_workers()
-
-    def unblock_workers(self) -> None:
-        self._release()
-        for _ in range(self.started_workers):  # free workers waiting for the window
-            self._window.release()
 
     def _executor_broken(self, exc: BaseException) -> None:
         exc.add_note(
@@ -358,6 +300,33 @@ class ThreadStage(OpStage):
             "(a worker process died?)"
         )
         self.fail(exc)
+
+
+def _gated(stage: ThreadStage, index: int) -> Callable[[], Any]:
+    """``inbox.get`` for worker ``index`` of an autotuned stage: park while above the limit
+    (checked inline: no call per item while not parking)."""
+    take, gate = stage.inbox.get, stage._gate
+
+    def get() -> Any:
+        if index >= stage.concurrency:
+            gate(index)
+        return take()
+
+    return get
+
+
+def _streamed(
+    op: Callable[[Any], Any], put: Callable[[Any], None], counters: Counters
+) -> Callable[[Any], None]:
+    """A generator op as a function that puts each output as it is made (returns None)."""
+
+    def streamed(item: Any) -> None:
+        for out in op(item):
+            if out is not None:
+                put(out)
+                counters.num_out += 1
+
+    return streamed
 
 
 def _append(outs: list[Any], out: Any) -> None:

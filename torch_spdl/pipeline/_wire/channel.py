@@ -89,7 +89,10 @@ class _AsyncWaiter:
             self._loop.call_soon_threadsafe(_resolve, self.fut)
 
 
-def _wake_together(waiters: list[Any]) -> None:
+_Waiter = _ThreadWaiter | _AsyncWaiter
+
+
+def _wake_together(waiters: list[_Waiter]) -> None:
     """Wake ``waiters``, in order; coroutines waiting on another thread's loop with one
     ``call_soon_threadsafe`` per loop (each call wakes that loop's thread: a system call
     and a GIL hand-off)."""
@@ -103,6 +106,13 @@ def _wake_together(waiters: list[Any]) -> None:
     for loop, futs in remote.items():
         if not loop.is_closed():
             loop.call_soon_threadsafe(_resolve_all, futs)
+
+
+def _wake_every(*queues: deque[_Waiter]) -> None:
+    """Wake every waiter of ``queues`` (the channel closes or aborts: none may stay)."""
+    for queue in queues:
+        while queue:
+            queue.popleft().wake()
 
 
 class Channel(Generic[T]):
@@ -141,8 +151,8 @@ class Channel(Generic[T]):
         self.refill_at = last if refill_at is None else max(0, min(refill_at, last))
         self._items: deque[T] = deque()
         self._mutex = threading.Lock()
-        self._getters: deque[Any] = deque()
-        self._putters: deque[Any] = deque()
+        self._getters: deque[_Waiter] = deque()
+        self._putters: deque[_Waiter] = deque()
         self._woken = 0  # putters woken for room that have not come back to put yet
         self._closed = False
         self.close_error: BaseException | None = None
@@ -231,7 +241,7 @@ class Channel(Generic[T]):
                 return
             self._closed = True
             self.close_error = error
-            self._wake_all()
+            _wake_every(self._getters, self._putters)
 
     def abort(self, reason: BaseException | None, *, keep_items: bool = False) -> None:
         """Drop all items and make every call raise :class:`ChannelAborted`; with
@@ -249,13 +259,7 @@ class Channel(Generic[T]):
                 self._items = deque()
             else:
                 self._items.clear()
-            self._wake_all()
-
-    def _wake_all(self) -> None:
-        while self._getters:
-            self._getters.popleft().wake()
-        while self._putters:
-            self._putters.popleft().wake()
+            _wake_every(self._getters, self._putters)
 
     # -- consumer side -------------------------------------------------------------------
     def _try_get(self) -> Any:
@@ -314,14 +318,14 @@ class Channel(Generic[T]):
                 self._getters.append(waiter)
             await self._await(waiter, self._getters)
 
-    async def _await(self, waiter: _AsyncWaiter, queue: deque[Any]) -> None:
+    async def _await(self, waiter: _AsyncWaiter, queue: deque[_Waiter]) -> None:
         try:
             await waiter.fut
         except BaseException:
             self._abandon(waiter, queue)
             raise
 
-    def _abandon(self, waiter: Any, queue: deque[Any]) -> bool:
+    def _abandon(self, waiter: _Waiter, queue: deque[_Waiter]) -> bool:
         """Withdraw a waiter that stops waiting; True if it had not been woken.
 
         A waiter that was woken but leaves anyway passes its wake on, so none is lost.
