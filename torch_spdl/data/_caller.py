@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from ._batch_stages import SettleBatch
+from ._batch_ops import SettleBatch
 from ._batch_transfer import BatchMover
-from ._batching import BatchError, FailureBudget
 from ._fetch import Fetched, IterableFetcher, fetch_batch
 from ._process_workers import ProcessWorkers
+from ._sample_ops import BatchError, SkipBudget
 
 __all__ = ["CallerLoading", "Feed", "WorkerFeed", "inline_iterable", "inline_map"]
 
@@ -177,7 +177,7 @@ class CallerLoading:
     def __init__(
         self,
         feed: Feed,
-        budget: FailureBudget,
+        budget: SkipBudget,
         collate_fn: Callable[[Any], Any],
         auto_collation: bool,
         mover: BatchMover,

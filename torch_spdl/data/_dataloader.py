@@ -23,9 +23,9 @@ from torch.utils.data import IterableDataset
 
 from ._epoch import EpochIterator, set_rng_state
 from ._epoch_plan import EpochPlan, LoaderResources, Loading
-from ._staged import StagedDataset
-from ._worker import install_torch_worker_info
-from ._worker_choice import WorkerChoice
+from ._staged_dataset import StagedDataset
+from ._thread_or_process import WorkerChoice
+from ._worker_info import install_torch_worker_info
 
 __all__ = ["DataLoader"]
 

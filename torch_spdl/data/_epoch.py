@@ -18,16 +18,16 @@ from typing import Any
 import torch
 
 from ..pipeline import Pipeline, PipelineBuilder, PipelineFailure
-from ._batch_stages import batch_tasks
+from ._batch_ops import batch_tasks
 from ._batch_transfer import BatchMover
-from ._batching import BatchError, FailureBudget
 from ._caller import CallerLoading, Feed, WorkerFeed, inline_iterable, inline_map
 from ._epoch_pipeline import EpochParts
 from ._epoch_plan import EpochPlan, LoaderResources, warn_past_reported_length
 from ._fetch import is_stateful
 from ._iterable_processes import WorkerStates, caller_feed
 from ._libc import trim
-from ._worker_choice import SwitchGate, WorkerChoice, decide
+from ._sample_ops import BatchError, SkipBudget
+from ._thread_or_process import SwitchGate, WorkerChoice, decide
 
 __all__ = ["EpochIterator", "rng_state", "set_rng_state"]
 
@@ -93,7 +93,7 @@ class EpochIterator:
         # torch draws the workers' base seed from the same generator right after making the
         # sampler iterator; doing the same keeps the sampler's draws identical to torch's.
         base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
-        self._budget = FailureBudget(plan.max_failures)
+        self._budget = SkipBudget(plan.max_failures)
         # before the source: it stops where the plan changes
         self._gate = SwitchGate() if plan.loading == "probe" else None
         self._parts = EpochParts(plan, resources, base_seed, self._budget, self._gate)

@@ -20,26 +20,26 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
 from ..pipeline import PipelineBuilder, StageStats
-from ._batch_stages import LoadInThreads, SendToWorkers, SettleBatch, receive_from_workers
+from ._batch_ops import LoadInThreads, SendToWorkers, SettleBatch, receive_from_workers
 from ._batch_transfer import BatchMover
-from ._batching import (
-    Collate,
-    FailureBudget,
+from ._collate import is_default_collate
+from ._epoch_executors import EpochExecutors
+from ._epoch_plan import EpochPlan, LoaderResources, Loading
+from ._iterable_processes import process_batches
+from ._iterable_threads import IterableThreads
+from ._process_workers import ProcessWorkers
+from ._sample_ops import (
+    CollateOrError,
     Rebatch,
     RebatchCollate,
-    Slots,
+    SkipBudget,
+    SlotSource,
     Tagged,
     Tokens,
     load_inline,
 )
-from ._collate import is_default_collate
-from ._epoch_plan import EpochPlan, LoaderResources, Loading
-from ._epoch_workers import EpochWorkers
-from ._iterable_processes import process_batches
-from ._iterable_workers import IterableWorkers
-from ._process_workers import ProcessWorkers
-from ._sample_stages import AutoStages, StageSpec, bound, split_point, stage_specs
-from ._worker_choice import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice
+from ._stage_specs import AutoStages, StageSpec, bound, split_point, stage_specs
+from ._thread_or_process import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice
 
 __all__ = ["EpochParts"]
 
@@ -65,17 +65,17 @@ class EpochParts:
         plan: EpochPlan,
         resources: LoaderResources,
         base_seed: int,
-        budget: FailureBudget,
+        budget: SkipBudget,
         gate: SwitchGate | None,
     ) -> None:
         self._plan = plan
         self._resources = resources
         self._budget = budget
         self._gate = gate
-        self._workers = EpochWorkers(plan, resources, base_seed)
+        self._workers = EpochExecutors(plan, resources, base_seed)
         self._tokens: Tokens | None = None
         self._held = 0  # batches held outside the sink by a whole-batch path
-        self._iterable: IterableWorkers | None = None
+        self._iterable: IterableThreads | None = None
         #: The worker processes this epoch's batches come from, if any.
         self.loading: ProcessWorkers | None = None
         #: ``worker_type="auto"``'s measurements, while it probes.
@@ -172,7 +172,7 @@ class EpochParts:
     # -- sources -------------------------------------------------------------------------------
     def _iterable_source(self, done: int) -> Iterator[Any]:
         """Samples (no workers: batched in the pipeline, as torch batches them in one
-        process) or the workers' own batches, round-robin (see ``_iterable_workers``)."""
+        process) or the workers' own batches, round-robin (see ``_iterable_threads``)."""
         plan = self._plan
         if not self._workers.any:
             samples = iter(plan.dataset)
@@ -186,7 +186,7 @@ class EpochParts:
             return itertools.islice(batches, done, None)
         group = self._workers.thread_group(plan.num_workers)
         assert group is not None, "an epoch with workers has their group"
-        self._iterable = IterableWorkers(
+        self._iterable = IterableThreads(
             plan.dataset,
             group,
             plan.batch_size if plan.auto_collation else None,
@@ -196,9 +196,9 @@ class EpochParts:
         )
         return itertools.islice(self._iterable.batches(), done, None)
 
-    def _slots(self, specs: list[StageSpec], batches: Batches) -> Slots:
+    def _slots(self, specs: list[StageSpec], batches: Batches) -> SlotSource:
         self._tokens = Tokens(self._token_count(specs))
-        return Slots(batches, self._tokens)
+        return SlotSource(batches, self._tokens)
 
     def _token_count(self, specs: list[StageSpec]) -> int:
         """Batches in flight before rebatch: enough to keep every worker of every stage busy."""
@@ -314,7 +314,7 @@ class EpochParts:
             with_index=with_index,
         )
 
-    def _collate(self) -> Collate:
+    def _collate(self) -> CollateOrError:
         plan = self._plan
         collate_fn = plan.collate_fn
         if is_default_collate(collate_fn):
@@ -322,7 +322,7 @@ class EpochParts:
             # (pooling every batch a whole-batch path holds kept more memory: measured)
             cc_max = bound(plan.collate_concurrency, "cpu")
             collate_fn = self._resources.recycling_collate(self._buffer_size() + cc_max + 2)
-        return Collate(collate_fn, plan.auto_collation, tagged=plan.map_style)
+        return CollateOrError(collate_fn, plan.auto_collation, tagged=plan.map_style)
 
     def _buffer_size(self) -> int:
         """The sink's batches: torch's ``prefetch_factor * num_workers`` batches in flight,

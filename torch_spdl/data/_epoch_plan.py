@@ -25,8 +25,8 @@ import torch
 
 from ._collate import RecyclingCollate
 from ._process_workers import ProcessWorkers
-from ._worker import WorkerGroup
-from ._worker_choice import WorkerChoice
+from ._thread_or_process import WorkerChoice
+from ._worker_info import WorkerGroup
 
 __all__ = ["EpochPlan", "Loading", "LoaderResources", "warn_past_reported_length"]
 

@@ -15,19 +15,19 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._worker import WorkerGroup, hidden_worker_info, single_threaded_ops
+from ._worker_info import WorkerGroup, hidden_worker_info, single_threaded_ops
 
 __all__ = [
     "BatchError",
-    "Collate",
-    "FailureBudget",
+    "CollateOrError",
+    "SkipBudget",
     "Rebatch",
     "RebatchCollate",
     "Slot",
     "settle",
     "Tagged",
     "Tokens",
-    "Slots",
+    "SlotSource",
     "stage_op",
     "load_inline",
 ]
@@ -102,8 +102,11 @@ def stage_op(
     return run
 
 
-class FailureBudget:
-    """How many samples may fail and be skipped before an error reaches the caller."""
+class SkipBudget:
+    """How many samples may fail and be skipped before an error reaches the caller
+    (``max_failures``). Spending it skips one sample and the epoch goes on; once spent,
+    the failing batch carries its error to the consumer. (The engine's ``FailureLimit``
+    counts failed items too, but fails the whole pipeline when it is exceeded.)"""
 
     def __init__(self, allowed: int) -> None:
         self.allowed = allowed
@@ -150,7 +153,7 @@ class Rebatch:
     def __init__(
         self,
         tokens: Tokens,
-        budget: FailureBudget,
+        budget: SkipBudget,
         ordered: bool,
         first: int,
         skip: set[int],
@@ -201,7 +204,7 @@ class Rebatch:
 
 
 def settle(
-    b: int, slots: list[Slot], budget: FailureBudget, with_index: bool = False
+    b: int, slots: list[Slot], budget: SkipBudget, with_index: bool = False
 ) -> tuple[int, Any] | None:
     """Batch ``b`` from its samples: failed ones skipped within the budget (in batch order,
     so deterministically), else the batch carries the first error past it; None when
@@ -220,8 +223,10 @@ def settle(
     return b, values
 
 
-class Collate:
-    """``collate_fn`` as a stage; a failure becomes a BatchError naming the batch."""
+class CollateOrError:
+    """``collate_fn`` as a stage on one batch; a failure becomes a BatchError naming the
+    batch, delivered in its turn. (The engine's ``Collate`` is another thing: the
+    aggregator that groups items into lists of ``n``.)"""
 
     def __init__(self, collate_fn: Callable[[Any], Any], auto: bool, tagged: bool) -> None:
         self.collate_fn = collate_fn
@@ -246,7 +251,7 @@ class Collate:
 class RebatchCollate:
     """Rebatch and collate fused in one stage (one thread hop fewer per batch)."""
 
-    def __init__(self, rebatch: Rebatch, collate: Collate) -> None:
+    def __init__(self, rebatch: Rebatch, collate: CollateOrError) -> None:
         self.rebatch = rebatch
         self.collate = collate
 
@@ -260,7 +265,7 @@ class load_inline:  # noqa: N801 (used as a function: it names what the source d
     torch's single-process loading, but in the background), so each batch crosses one
     thread boundary, not each sample. Stopped as its slots are."""
 
-    def __init__(self, samples: Slots, getitem: Callable[[Slot], Slot], fused: RebatchCollate):
+    def __init__(self, samples: SlotSource, getitem: Callable[[Slot], Slot], fused: RebatchCollate):
         self._samples = samples
         self._getitem = getitem
         self._fused = fused
@@ -287,7 +292,7 @@ class Tagged:
         return (b, batch) if self.tagged else batch
 
 
-class Slots:
+class SlotSource:
     """Per-sample slots of ``(batch number, indices)`` pairs (without auto-collation, each
     "batch" is one index, alone in its list): the source of a per-sample pipeline.
 

@@ -12,13 +12,13 @@ from concurrent.futures import Executor
 
 from ._epoch_plan import EpochPlan, LoaderResources
 from ._process_workers import ProcessWorkers
-from ._sample_stages import stage_fns
-from ._worker import WorkerGroup
+from ._stage_specs import stage_fns
+from ._worker_info import WorkerGroup
 
-__all__ = ["EpochWorkers"]
+__all__ = ["EpochExecutors"]
 
 
-class EpochWorkers:
+class EpochExecutors:
     """The workers of one epoch.
 
     Args:

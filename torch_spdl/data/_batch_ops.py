@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ._batching import BatchError, FailureBudget, Slot, settle
 from ._fetch import Fetched, fetch_batch
 from ._process_workers import ProcessWorkers
-from ._worker import WorkerGroup, single_threaded_ops
-from ._worker_choice import Probe, SwitchGate, WorkerChoice, clock, decide
+from ._sample_ops import BatchError, SkipBudget, Slot, settle
+from ._thread_or_process import Probe, SwitchGate, WorkerChoice, clock, decide
+from ._worker_info import WorkerGroup, single_threaded_ops
 
 __all__ = [
     "LoadInThreads",
@@ -186,7 +186,7 @@ class SettleBatch:
     failed and was skipped); runs on one thread, in batch order when the loader is ordered."""
 
     def __init__(
-        self, budget: FailureBudget, collate_fn: Callable[[Any], Any], auto_collation: bool
+        self, budget: SkipBudget, collate_fn: Callable[[Any], Any], auto_collation: bool
     ) -> None:
         self.budget = budget
         self.collate_fn = collate_fn

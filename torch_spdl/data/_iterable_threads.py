@@ -6,8 +6,8 @@ information set, so that a dataset can shard itself (``files[info.id::info.num_w
 each worker batches its own samples (``drop_last`` applies per worker), and the loader
 takes the batches round-robin across workers, skipping a worker once its iterator ends.
 Here the workers are threads (each with a shallow copy of the dataset, its worker id,
-seed and ``worker_init_fn``, see :class:`~torch_spdl.data._worker.WorkerGroup`), each
-filling a small queue; :meth:`IterableWorkers.batches` yields in the same round-robin order
+seed and ``worker_init_fn``, see :class:`~torch_spdl.data._worker_info.WorkerGroup`), each
+filling a small queue; :meth:`IterableThreads.batches` yields in the same round-robin order
 (``in_order=True``) or as batches come (``in_order=False``).
 
 An error raised by a worker's iterator is delivered in its place in the order, as torch
@@ -26,10 +26,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._batching import BatchError
-from ._worker import WorkerGroup
+from ._sample_ops import BatchError
+from ._worker_info import WorkerGroup
 
-__all__ = ["IterableWorkers"]
+__all__ = ["IterableThreads"]
 
 _LG = logging.getLogger("torch_spdl.data")
 _DONE: Any = object()  # a worker's iterator ended
@@ -44,7 +44,7 @@ class _Failed:
         self.error = error
 
 
-class IterableWorkers:
+class IterableThreads:
     """``group.num_workers`` threads reading copies of ``dataset``.
 
     Args:
