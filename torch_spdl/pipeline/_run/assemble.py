@@ -269,6 +269,7 @@ def build(config: PipelineConfig | Any, options: BuildOptions) -> Pipeline[Any]:
         autotune=options.autotune_config(),
         trace=options.trace,
         background_tasks=background_tasks,
+        parts=config.parts,
     )
     return Pipeline(runtime, channels[-1], description=_describe(config))
 
