@@ -46,6 +46,7 @@ def inline_map(
     dataset: Any,
     batches: Iterator[tuple[int, list[Any]]],
     collate_fn: Callable[[Any], Any],
+    *,
     auto_collation: bool,
 ) -> Feed:
     """A map-style dataset's batches, each loaded when asked for."""
@@ -60,8 +61,9 @@ def inline_map(
 def inline_iterable(
     dataset: Any,
     batch_size: int | None,
-    drop_last: bool,
     collate_fn: Callable[[Any], Any],
+    *,
+    drop_last: bool,
     auto_collation: bool,
     skip: int,
     restored: bool = False,
@@ -179,11 +181,12 @@ class CallerLoading:
         feed: Feed,
         budget: SkipBudget,
         collate_fn: Callable[[Any], Any],
+        *,
         auto_collation: bool,
         mover: BatchMover,
     ) -> None:
         self._feed = feed
-        self._settle = SettleBatch(budget, collate_fn, auto_collation)
+        self._settle = SettleBatch(budget, collate_fn, auto_collation=auto_collation)
         self._mover = mover
 
     def next(self) -> tuple[int, Any]:

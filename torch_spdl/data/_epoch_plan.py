@@ -41,7 +41,7 @@ Concurrency = int | Literal["auto"]
 Loading = WorkerChoice | Literal["caller", "inline", "staged", "probe"] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EpochPlan:
     """The loader's settings for one epoch (torch's meaning unless said otherwise)."""
 

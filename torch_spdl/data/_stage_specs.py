@@ -106,15 +106,12 @@ def stage_fns(dataset: Any, split: int) -> list[Any]:
 
 
 class AutoStages:
-    """The ``"auto"`` stages of one pipeline, by the ids the epoch gave them."""
+    """The ``"auto"`` stages of one pipeline declaration, by the ids the epoch gave them
+    (a fresh one for each declaration)."""
 
     def __init__(self, resources: LoaderResources) -> None:
         self._resources = resources
         self._ids: list[str] = []  # in declaration order
-
-    def reset(self) -> None:
-        """A new pipeline is being declared."""
-        self._ids = []
 
     def declare(
         self,

@@ -93,7 +93,7 @@ class Pipeline(Generic[T]):
                 thread still inside an op is left to finish as a daemon, named in a
                 warning).
         """
-        if self._runtime.state == "new" and not self._runtime.owns_parts:
+        if self._runtime.state == "new" and not self._runtime.parts:
             return  # never started: nothing to stop, and it can still be started (SPDL)
         self._runtime.shutdown(timeout, keep_sink=self._explicit)
         # Stopped: nothing is left for the finalizer to do, and kept, it would keep the

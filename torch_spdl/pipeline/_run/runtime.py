@@ -31,7 +31,7 @@ from .._wire.channel import Channel
 from .trace_record import PipelineTrace
 from .tracer import Tracer
 
-__all__ = ["Runtime", "STOPPED"]
+__all__ = ["OwnedParts", "Runtime", "STOPPED"]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
@@ -51,6 +51,27 @@ _JOIN_S = 0.5
 STOPPED = _Stopped("the pipeline was stopped")
 
 
+class OwnedParts:
+    """The parts registered with a pipeline (:class:`StoppablePart`); true while some are
+    still to be shut down."""
+
+    def __init__(self, parts: Sequence[StoppablePart]) -> None:
+        self._parts = list(parts)
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    def shutdown(self) -> None:
+        """Shut down each part once, in the order registered; an error is logged, not
+        raised: the rest of the run must still stop."""
+        parts, self._parts = self._parts, []
+        for part in parts:
+            try:
+                part.shutdown()
+            except Exception:
+                _LG.exception("shutting down %r failed", part)
+
+
 class Runtime:
     """Starts, fails and stops the workers of the given nodes."""
 
@@ -67,7 +88,7 @@ class Runtime:
         parts: Sequence[StoppablePart] = (),
     ) -> None:
         self.nodes = list(nodes)
-        self._parts = list(parts)
+        self.parts = OwnedParts(parts)
         self._background = list(background_tasks)
         self.channels = list(channels)
         self._threads: list[threading.Thread] = []
@@ -291,11 +312,11 @@ class Runtime:
         # otherwise nobody will read it, and it may hold large batches: drop it.
         self.channels[-1].abort(STOPPED, keep_items=keep_sink)
         if not was_running:
-            self._shutdown_parts()  # made with the declaration, they may run already
+            self.parts.shutdown()  # made with the declaration, they may run already
             return
         with self._starting:
             pass  # let a start() under way in another thread finish launching first
-        self._shutdown_parts()  # before the joins: a worker waiting on one returns
+        self.parts.shutdown()  # before the joins: a worker waiting on one returns
         if self._reporter is not None:
             self._reporter.stop()
         if self._autotuner is not None:
@@ -325,21 +346,6 @@ class Runtime:
                     join_timeout,
                 )
         self._clear_error_frames()  # the threads have returned (a late one clears at its end)
-
-    @property
-    def owns_parts(self) -> bool:
-        """Whether parts registered with the pipeline are still to be shut down."""
-        return bool(self._parts)
-
-    def _shutdown_parts(self) -> None:
-        """Shut down each registered part once, in the order registered; an error is
-        logged, not raised: the rest of the run must still stop."""
-        parts, self._parts = self._parts, []
-        for part in parts:
-            try:
-                part.shutdown()
-            except Exception:
-                _LG.exception("shutting down %r failed", part)
 
     def _cancel_main(self) -> None:
         if self._main_task is not None:
