@@ -127,7 +127,8 @@ class EpochIterator:
             self._caller = _caller_loading(plan, self._skips, feed)
             return _idle_pipeline()
         if _fed_by_caller(plan):
-            workers, idle = self._parts.build_caller()
+            workers, owner = self._parts.build_caller()
+            idle = owner.build()  # first: from now on the workers have an owner
             budget = self._parts.budget
             if self._map_style:
                 feed = WorkerFeed(workers, self._batches(0), budget.in_flight, plan.timeout)
@@ -141,7 +142,7 @@ class EpochIterator:
                     restore,
                 )
             self._caller = _caller_loading(plan, self._skips, feed)
-            return idle.build()
+            return idle
         if self._map_style:
             builder = self._parts.build_map(
                 plan.loading, self._batches(0), self._watermark, self._extra
