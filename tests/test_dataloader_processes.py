@@ -80,3 +80,16 @@ def test_process_workers_run_worker_init_fn() -> None:
     assert [s["i"] for s in got] == list(range(6))
     assert all(s["init_ran"] for s in got)
     assert all(s["has_info"] for s in got)
+
+
+@pytest.mark.parametrize("in_order", [True, False])  # fed by next() itself, or a pipeline
+def test_closing_before_the_first_batch_stops_the_worker_processes(in_order: bool) -> None:
+    """The worker processes start with the epoch, before any batch is asked for; the
+    epoch's pipeline owns them (running or not), so closing the epoch stops them."""
+    loader = DataLoader(ProcessData(20), batch_size=4, num_workers=2, in_order=in_order)
+    epoch = iter(loader)
+    workers = list(epoch._workers)  # torch's iterator's name for them
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    epoch.close()
+    assert not any(w.is_alive() for w in workers)
+    assert all(w.exitcode is not None for w in workers)

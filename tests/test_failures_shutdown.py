@@ -588,6 +588,54 @@ def test_stop_while_nested_source_starts():
     assert not errors, errors
 
 
+class _Part:
+    """A wait outside the pipeline (a bound, a worker group), registered with it."""
+
+    def __init__(self) -> None:
+        self.released = Gate()
+        self.calls = 0
+
+    def shutdown(self) -> None:
+        self.calls += 1
+        self.released.set()
+
+
+def _waits_on(part: _Part, started: Gate) -> Iterator[int]:
+    yield 0
+    started.set()
+    part.released.wait()  # what only the part's shutdown ends
+    yield 1
+
+
+@pytest.mark.parametrize("how", ["stop", "drop"])
+def test_a_registered_part_is_shut_down_and_its_waiter_returns(how):
+    part, started = _Part(), Gate()
+    builder = PipelineBuilder().add_source(_waits_on(part, started)).add_stoppable(part)
+    pipeline = builder.add_sink(1).build()
+    assert pipeline.get_item(timeout=WAIT) == 0
+    assert started.wait()
+    if how == "stop":
+        pipeline.stop()
+    else:
+        del pipeline
+        gc.collect()
+    assert part.calls == 1
+    assert not [t for t in threading.enumerate() if t.name == "torch_spdl-source"]
+
+
+def test_a_part_of_a_pipeline_never_started_is_shut_down_too():
+    part = _Part()
+    pipeline = PipelineBuilder().add_source(range(3)).add_stoppable(part).add_sink(1).build()
+    pipeline.stop()
+    pipeline.stop()
+    assert part.calls == 1
+
+
+def test_add_stoppable_needs_a_shutdown_method():
+    with pytest.raises(TypeError, match="shutdown"):
+        PipelineBuilder().add_stoppable(object())  # type: ignore[arg-type]
+
+
 # ---------------------------------------------------------------------------------------
 # subprocesses and process pools that die
 # ---------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ from _worker_helpers import (
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from torch_spdl import DataLoader, PipelineBuilder
-from torch_spdl.data import Measurement, WorkerFailure, decide
+from torch_spdl.data import WorkerFailure
+from torch_spdl.data._thread_or_process import Measurement, decide
 
 WORKER_TYPES = ["auto", "thread", "process"]
 

@@ -5,19 +5,17 @@
 from ._dataloader import DataLoader
 from ._pipeline_dataset import PipelineDataset
 from ._process_workers import WorkerFailure
-from ._staged import Stage, StagedDataset
-from ._worker import WorkerInfo, get_worker_info
-from ._worker_choice import Measurement, WorkerChoice, decide
+from ._staged_dataset import Stage, StagedDataset
+from ._thread_or_process import WorkerChoice
+from ._worker_info import WorkerInfo, get_worker_info
 
 __all__ = [
     "DataLoader",
-    "Measurement",
     "PipelineDataset",
     "Stage",
     "StagedDataset",
     "WorkerChoice",
     "WorkerFailure",
     "WorkerInfo",
-    "decide",
     "get_worker_info",
 ]

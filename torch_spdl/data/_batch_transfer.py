@@ -17,7 +17,7 @@ class BatchMover:
     """Callable that pins a batch and/or copies it to ``device``; ``active`` is False when
     there is nothing to do (no CUDA), and then the loader adds no stage at all."""
 
-    def __init__(self, device: str | torch.device | None, pin_memory: bool) -> None:
+    def __init__(self, device: str | torch.device | None, *, pin_memory: bool) -> None:
         self.device = torch.device(device) if device is not None else None
         self.pin_memory = pin_memory and torch.cuda.is_available()
         self.to_cuda = (

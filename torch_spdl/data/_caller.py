@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from ._batch_stages import SettleBatch
+from ._batch_ops import SettleBatch
 from ._batch_transfer import BatchMover
-from ._batching import BatchError, FailureBudget
 from ._fetch import Fetched, IterableFetcher, fetch_batch
 from ._process_workers import ProcessWorkers
+from ._sample_ops import BatchError, SkipBudget
 
 __all__ = ["CallerLoading", "Feed", "WorkerFeed", "inline_iterable", "inline_map"]
 
@@ -46,6 +46,7 @@ def inline_map(
     dataset: Any,
     batches: Iterator[tuple[int, list[Any]]],
     collate_fn: Callable[[Any], Any],
+    *,
     auto_collation: bool,
 ) -> Feed:
     """A map-style dataset's batches, each loaded when asked for."""
@@ -60,8 +61,9 @@ def inline_map(
 def inline_iterable(
     dataset: Any,
     batch_size: int | None,
-    drop_last: bool,
     collate_fn: Callable[[Any], Any],
+    *,
+    drop_last: bool,
     auto_collation: bool,
     skip: int,
     restored: bool = False,
@@ -177,13 +179,14 @@ class CallerLoading:
     def __init__(
         self,
         feed: Feed,
-        budget: FailureBudget,
+        budget: SkipBudget,
         collate_fn: Callable[[Any], Any],
+        *,
         auto_collation: bool,
         mover: BatchMover,
     ) -> None:
         self._feed = feed
-        self._settle = SettleBatch(budget, collate_fn, auto_collation)
+        self._settle = SettleBatch(budget, collate_fn, auto_collation=auto_collation)
         self._mover = mover
 
     def next(self) -> tuple[int, Any]:

@@ -23,9 +23,9 @@ from torch.utils.data import IterableDataset
 
 from ._epoch import EpochIterator, set_rng_state
 from ._epoch_plan import EpochPlan, LoaderResources, Loading
-from ._staged import StagedDataset
-from ._worker import install_torch_worker_info
-from ._worker_choice import WorkerChoice
+from ._staged_dataset import StagedDataset
+from ._thread_or_process import WorkerChoice
+from ._worker_info import install_torch_worker_info
 
 __all__ = ["DataLoader"]
 
@@ -190,8 +190,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
             choice = WorkerChoice(
                 worker_type,
                 num_workers if threads else 0,
-                not threads,
-                f"worker_type={worker_type!r}",
+                per_batch=not threads,
+                reason=f"worker_type={worker_type!r}",
             )
         # What outlives an epoch: persistent workers, recycled buffers, what was learned.
         self._resources = LoaderResources(choice)
@@ -274,7 +274,9 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if self.num_workers == 0:
             return "inline"
         if self.worker_type == "thread":
-            return WorkerChoice("thread", self.num_workers, False, "worker_type='thread'")
+            return WorkerChoice(
+                "thread", self.num_workers, per_batch=False, reason="worker_type='thread'"
+            )
         return self.worker_choice or "probe"
 
     def shutdown(self) -> None:

@@ -6,7 +6,10 @@ either from ``next()`` itself (:mod:`._caller`: torch's default shapes, worker p
 fed and read by the calling thread, or loading inline with ``num_workers=0``) or from a
 pipeline declared by :class:`~._epoch_pipeline.EpochParts` (a staged dataset, worker
 threads, ``in_order=False``, pinning or moving batches). Here: the epoch's random draws,
-the batches it delivered (for ``state_dict``), the errors it raises, and its end.
+the batches it delivered (for ``state_dict``), the errors it raises, and its end. Either
+way the epoch holds one pipeline, which owns every wait of the epoch outside the engine
+(batch tokens, worker threads and processes, those the caller feeds included: that
+pipeline never runs): ending the epoch is stopping it.
 """
 
 from __future__ import annotations
@@ -18,16 +21,17 @@ from typing import Any
 import torch
 
 from ..pipeline import Pipeline, PipelineBuilder, PipelineFailure
-from ._batch_stages import batch_tasks
+from ._batch_ops import batch_tasks
 from ._batch_transfer import BatchMover
-from ._batching import BatchError, FailureBudget
 from ._caller import CallerLoading, Feed, WorkerFeed, inline_iterable, inline_map
 from ._epoch_pipeline import EpochParts
 from ._epoch_plan import EpochPlan, LoaderResources, warn_past_reported_length
+from ._epoch_shapes import Batches
 from ._fetch import is_stateful
 from ._iterable_processes import WorkerStates, caller_feed
 from ._libc import trim
-from ._worker_choice import SwitchGate, WorkerChoice, decide
+from ._sample_ops import BatchError, SkipBudget
+from ._thread_or_process import SwitchGate, WorkerChoice, decide
 
 __all__ = ["EpochIterator", "rng_state", "set_rng_state"]
 
@@ -93,95 +97,69 @@ class EpochIterator:
         # torch draws the workers' base seed from the same generator right after making the
         # sampler iterator; doing the same keeps the sampler's draws identical to torch's.
         base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
-        self._budget = FailureBudget(plan.max_failures)
+        self._skips = SkipBudget(plan.max_failures)
         # before the source: it stops where the plan changes
         self._gate = SwitchGate() if plan.loading == "probe" else None
-        self._parts = EpochParts(plan, resources, base_seed, self._budget, self._gate)
-        self._pipeline: Pipeline[Any]
-        self._caller: CallerLoading | None = None
+        self._parts = EpochParts(plan, resources, base_seed, self._skips, self._gate)
         if self._map_style:
             first = next(indices, _END)  # the sampler's own draws happen now, in this thread
             self._chosen = _chain(first, indices)
+        self._timeout = plan.timeout
+        self._yielded = 0  # batches delivered, counted only against a reported length
+        self._caller: CallerLoading | None = None
+        self._pipeline: Pipeline[Any] = self._first_loading(restore)
+        # The pipeline starts at the first next(), as torch's single-process iterator does:
+        # code that calls iter() twice on a loader whose batch sampler is its own iterator
+        # (Lightning's predict loop does) must not have the unused first epoch pull from it.
+        # It is read with get_item, not its iterator, so that this epoch decides how long
+        # stopping it waits (``_ABANDON_S``). Stopping it shuts down what it owns: the
+        # batch tokens, worker threads or processes (``PipelineBuilder.add_stoppable``).
+
+    def _first_loading(self, restore: WorkerStates | None) -> Pipeline[Any]:
+        """Where the batches come from: ``next()`` itself (``self._caller``; the pipeline
+        returned never runs, it owns the worker processes the caller feeds, if any) or the
+        pipeline returned."""
+        plan = self._plan
         iterable_inline = not self._map_style and plan.num_workers == 0
         if plan.loading == "caller" or (iterable_inline and plan.worker_type == "process"):
-            self._caller = self._caller_loading(self._inline_feed())
-            self._pipeline = _idle_pipeline()
-        elif self._workers_fed_by_caller():
-            workers = self._parts.caller_processes()
-            feed: Feed
+            batches = self._batches(0) if self._map_style else None
+            feed = _inline_feed(plan, batches, self._watermark, stateful=self._stateful)
+            self._caller = _caller_loading(plan, self._skips, feed)
+            return _idle_pipeline()
+        if _fed_by_caller(plan):
+            workers, owner = self._parts.build_caller()
+            idle = owner.build()  # first: from now on the workers have an owner
+            budget = self._parts.budget
             if self._map_style:
-                in_flight = plan.prefetch_factor * plan.num_workers
-                feed = WorkerFeed(workers, self._batches(0), in_flight, plan.timeout)
+                feed = WorkerFeed(workers, self._batches(0), budget.in_flight, plan.timeout)
             else:
                 feed = caller_feed(
                     workers,
-                    plan.prefetch_factor,
+                    budget.per_worker,
                     self._watermark,
                     plan.timeout,
                     self._worker_states if self._stateful else None,
                     restore,
                 )
-            self._caller = self._caller_loading(feed)
-            self._pipeline = _idle_pipeline()
-        elif self._map_style:
+            self._caller = _caller_loading(plan, self._skips, feed)
+            return idle
+        if self._map_style:
             builder = self._parts.build_map(
                 plan.loading, self._batches(0), self._watermark, self._extra
             )
-            self._pipeline = builder.build(max_failures=0)
-        else:
-            self._pipeline = self._parts.build_iterable(self._watermark).build(max_failures=0)
-        self._timeout = plan.timeout
-        self._yielded = 0  # batches delivered, counted only against a reported length
-        # The pipeline starts at the first next(), as torch's single-process iterator does:
-        # code that calls iter() twice on a loader whose batch sampler is its own iterator
-        # (Lightning's predict loop does) must not have the unused first epoch pull from it.
-        # It is read with get_item, not its iterator, so that this epoch decides the order
-        # of shutdown: worker processes first (their waiting threads then return), then the
-        # pipeline.
-
-    def _workers_fed_by_caller(self) -> bool:
-        """Whether ``next()`` sends and reads the worker processes' batches itself, as
-        torch's does (``_caller.py``): plain worker processes, batches in order, nothing to
-        pin or move (torch pins on a thread of its own; so does the pipeline)."""
-        plan = self._plan
-        if self._map_style:
-            loading = plan.loading
-            processes = isinstance(loading, WorkerChoice) and loading.kind == "process"
-        else:  # an IterableDataset: its worker_type says how
-            processes = plan.worker_type == "process" and plan.num_workers > 0
-        return processes and plan.in_order and not BatchMover(plan.device, plan.pin_memory).active
-
-    def _inline_feed(self) -> Feed:
-        plan = self._plan
-        if self._map_style:
-            return inline_map(plan.dataset, self._batches(0), plan.collate_fn, plan.auto_collation)
-        per_batch = plan.batch_size if plan.auto_collation else None
-        return inline_iterable(
-            plan.dataset,
-            per_batch,
-            plan.drop_last,
-            plan.collate_fn,
-            plan.auto_collation,
-            self._watermark,
-            restored=self._stateful and self._watermark > 0,
-        )
-
-    def _caller_loading(self, feed: Feed) -> CallerLoading:
-        """Batches made inside ``next()``, driven by the caller's thread (``_caller.py``)."""
-        plan = self._plan
-        return CallerLoading(
-            feed,
-            self._budget,
-            plan.collate_fn,
-            plan.auto_collation,
-            BatchMover(plan.device, plan.pin_memory),
-        )
+            return builder.build(max_failures=0)
+        return self._parts.build_iterable(self._watermark).build(max_failures=0)
 
     def _batches(self, first: int) -> Iterator[tuple[int, list[Any]]]:
         # A copy of the restored skip set: delivering batches changes the live one.
         skip = set(self._extra)
         return batch_tasks(
-            self._chosen, self._plan.auto_collation, first, self._watermark, skip, self._gate
+            self._chosen,
+            first,
+            self._watermark,
+            skip,
+            auto_collation=self._plan.auto_collation,
+            gate=self._gate,
         )
 
     # -- consuming -------------------------------------------------------------------------
@@ -207,34 +185,34 @@ class EpochIterator:
             if self._switch():
                 return self.__next__()
             self._exhausted = True
-            self._close()
+            self.close()
             raise
         except TimeoutError as exc:
-            self._close()
+            self.close()
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds") from exc
         except PipelineFailure as failure:
-            self._close()
+            self.close()
             cause = failure.__cause__
             if isinstance(cause, Exception):
                 raise cause from None
             raise
         except BaseException:
-            self._close()
+            self.close()
             raise
         b, batch = item if self._map_style else (None, item)
         if isinstance(batch, BatchError):
             if batch.fatal:
-                self._close()
+                self.close()
             else:  # the batch is done with (as torch's iterator is): the epoch goes on
                 self._delivered(b)
-                self._resources.num_failures = self._budget.count
+                self._resources.num_failures = self._skips.count
             error = batch.error
             # The traceback keeps this frame: without `self` in it, an error that ends the
             # caller's loop does not keep the epoch (and its workers) running.
             del self, item, batch
             raise error
         self._delivered(b)
-        self._resources.num_failures = self._budget.count
+        self._resources.num_failures = self._skips.count
         if self._plan.reported_length is not None:
             self._yielded += 1
             if self._yielded > self._plan.reported_length:
@@ -249,7 +227,6 @@ class EpochIterator:
             return self._pipeline.get_item(timeout=self._timeout)
         except EOFError:  # the end, or the stream a failure ended: stop() raises it
             if self._gate is None or self._gate.choice is None:
-                self._parts.release()
                 self._pipeline.stop(timeout=_ABANDON_S)
             raise StopIteration from None
 
@@ -267,7 +244,7 @@ class EpochIterator:
         if gate is None or gate.choice is None:
             return False
         self._gate = None
-        self._record_tuning()
+        self._parts.record_tuning(self._pipeline.get_stats())  # the next epoch starts there
         self._stop_pipeline()  # every thread of the probing pipeline is joined: fork-safe
         # Its collate buffers must be gone before worker processes fork (they would inherit
         # them); a pipeline never started stands in until the next one is built.
@@ -294,7 +271,7 @@ class EpochIterator:
             self._extra.add(b)
 
     def state_dict(self) -> dict[str, Any]:
-        if self._exhausted or self._all_delivered():
+        if self._exhausted or _all_delivered(self._plan, self._watermark):
             # The epoch is over: what matters is the RNG state the next epoch starts from.
             end = rng_state(self._plan.generator)
             return {"epoch": self._plan.epoch, "rng_state": end, "exhausted": True}
@@ -312,24 +289,13 @@ class EpochIterator:
             state["next_worker"] = self._worker_states.next_worker
         return state
 
-    def _all_delivered(self) -> bool:
-        if not self._map_style:
-            return False
-        try:
-            return self._watermark >= len(self._plan.index_sampler)
-        except TypeError:
-            return False
-
     def close(self) -> None:
-        """Stop this epoch's pipeline now; the iterator then ends."""
-        self._close()
-
-    def _close(self) -> None:
+        """Stop this epoch's pipeline now (and with it, what it owns: worker threads or
+        processes); the iterator then ends."""
         if self._closed:
             return
         self._closed = True
-        self._record_tuning()
-        self._parts.release()
+        self._parts.record_tuning(self._pipeline.get_stats())  # the next epoch starts there
         self._stop_pipeline()
         plan = self._plan
         probe = self._parts.probe
@@ -342,13 +308,65 @@ class EpochIterator:
                 size = plan.batch_size or 1
                 resources.chose(decide(measured, plan.num_workers, size, more_threads=more))
 
-    def _record_tuning(self) -> None:
-        """Where the pipeline's ``"auto"`` stages settled: the next epoch starts there."""
-        self._parts.record_tuning(self._pipeline.get_stats())
-
     def __del__(self) -> None:
         if hasattr(self, "_pipeline"):
-            self._close()
+            self.close()
+
+
+def _fed_by_caller(plan: EpochPlan) -> bool:
+    """Whether ``next()`` sends and reads the worker processes' batches itself, as
+    torch's does (``_caller.py``): plain worker processes, batches in order, nothing to
+    pin or move (torch pins on a thread of its own; so does the pipeline)."""
+    if plan.map_style:
+        loading = plan.loading
+        processes = isinstance(loading, WorkerChoice) and loading.kind == "process"
+    else:  # an IterableDataset: its worker_type says how
+        processes = plan.worker_type == "process" and plan.num_workers > 0
+    mover = BatchMover(plan.device, pin_memory=plan.pin_memory)
+    return processes and plan.in_order and not mover.active
+
+
+def _inline_feed(
+    plan: EpochPlan, batches: Batches | None, watermark: int, *, stateful: bool
+) -> Feed:
+    """Batches loaded inside ``next()`` with no worker (``batches``: a map-style
+    dataset's; an iterable one skips the ``watermark`` batches delivered before, unless
+    its ``stateful`` dataset restored its own position)."""
+    if batches is not None:
+        return inline_map(
+            plan.dataset, batches, plan.collate_fn, auto_collation=plan.auto_collation
+        )
+    per_batch = plan.batch_size if plan.auto_collation else None
+    return inline_iterable(
+        plan.dataset,
+        per_batch,
+        plan.collate_fn,
+        drop_last=plan.drop_last,
+        auto_collation=plan.auto_collation,
+        skip=watermark,
+        restored=stateful and watermark > 0,
+    )
+
+
+def _caller_loading(plan: EpochPlan, skips: SkipBudget, feed: Feed) -> CallerLoading:
+    """Batches made inside ``next()``, driven by the caller's thread (``_caller.py``)."""
+    return CallerLoading(
+        feed,
+        skips,
+        plan.collate_fn,
+        auto_collation=plan.auto_collation,
+        mover=BatchMover(plan.device, pin_memory=plan.pin_memory),
+    )
+
+
+def _all_delivered(plan: EpochPlan, watermark: int) -> bool:
+    """Whether a map-style epoch delivered every batch of its sampler."""
+    if not plan.map_style:
+        return False
+    try:
+        return watermark >= len(plan.index_sampler)
+    except TypeError:
+        return False
 
 
 def _idle_pipeline() -> Pipeline[Any]:

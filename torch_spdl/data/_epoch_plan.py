@@ -25,8 +25,8 @@ import torch
 
 from ._collate import RecyclingCollate
 from ._process_workers import ProcessWorkers
-from ._worker import WorkerGroup
-from ._worker_choice import WorkerChoice
+from ._thread_or_process import WorkerChoice
+from ._worker_info import WorkerGroup
 
 __all__ = ["EpochPlan", "Loading", "LoaderResources", "warn_past_reported_length"]
 
@@ -41,7 +41,7 @@ Concurrency = int | Literal["auto"]
 Loading = WorkerChoice | Literal["caller", "inline", "staged", "probe"] | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EpochPlan:
     """The loader's settings for one epoch (torch's meaning unless said otherwise)."""
 

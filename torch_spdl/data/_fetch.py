@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._worker import hidden_worker_info
+from ._worker_info import hidden_worker_info
 
 __all__ = ["Fetched", "IterableFetcher", "fetch_batch", "is_stateful"]
 

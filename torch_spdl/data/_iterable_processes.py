@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
-from ._batching import BatchError
 from ._fetch import Fetched
 from ._process_workers import ITERATE, ProcessWorkers
+from ._sample_ops import BatchError
 
 __all__ = ["WorkerStates", "caller_feed", "process_batches"]
 

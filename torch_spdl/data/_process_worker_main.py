@@ -23,7 +23,7 @@ from ._fetch import Fetched, IterableFetcher, fetch_batch
 from ._leases import NO_ARENA
 from ._libc import return_large_blocks
 from ._shared_batch import Arena, BatchSpace, dump_batch
-from ._worker import install_torch_worker_info, set_process_worker_info
+from ._worker_info import install_torch_worker_info, set_process_worker_info
 
 __all__ = ["ITERATE", "rebuild_error", "worker_main"]
 

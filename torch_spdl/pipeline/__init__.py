@@ -17,7 +17,7 @@ from ._compat import (
     run_pipeline_in_subinterpreter,
 )
 from ._core.errors import PipelineFailure
-from ._core.protocols import StoppableSource
+from ._core.protocols import StoppablePart, StoppableSource
 from ._core.stats import StageStats
 from ._declare.config import (
     AggregateConfig,
@@ -71,6 +71,7 @@ __all__ = [
     "StageInfo",
     "StageStats",
     "StatsQueue",
+    "StoppablePart",
     "StoppableSource",
     "SubprocessError",
     "TaskHook",

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterable, Callable, Iterable, Sequence
 from concurrent.futures import Executor
 from typing import Any, Generic, TypeVar
 
+from ._core.protocols import StoppablePart
 from ._declare.config import (
     Concurrency,
     DisaggregateConfig,
@@ -62,6 +63,7 @@ class PipelineBuilder(Generic[T, U]):
         self._continuous = False
         self._stages: list[StageConfig] = []
         self._buffer_size: int | None = None
+        self._parts: list[StoppablePart] = []
 
     def add_source(
         self, source: Iterable[T] | AsyncIterable[T], *, continuous: bool = False
@@ -258,6 +260,20 @@ class PipelineBuilder(Generic[T, U]):
         self._buffer_size = buffer_size
         return self
 
+    def add_stoppable(self, part: StoppablePart) -> PipelineBuilder[T, U]:
+        """Make ``part`` a part of every run built from this declaration: something the
+        source or a stage waits on outside the pipeline (a bound on what is in flight,
+        threads or processes that feed it), which the run shuts down as it stops, before
+        joining its threads (see :class:`StoppablePart`).
+
+        Args:
+            part: has a ``shutdown()`` that ends every wait on it.
+        """
+        if not callable(getattr(part, "shutdown", None)):
+            raise TypeError(f"add_stoppable needs an object with shutdown(), got {part!r}")
+        self._parts.append(part)
+        return self
+
     def get_config(self) -> PipelineSpec:
         """The declaration so far, as data: a :class:`PipelineSpec` (what
         ``build_pipeline``, ``profile_pipeline`` and ``run_pipeline_in_subprocess`` take;
@@ -265,7 +281,9 @@ class PipelineBuilder(Generic[T, U]):
         if not self._has_source:
             raise RuntimeError("the source is not set: call add_source() first")
         buffer_size = 3 if self._buffer_size is None else self._buffer_size
-        return PipelineSpec(self._source, list(self._stages), buffer_size, self._continuous)
+        return PipelineSpec(
+            self._source, list(self._stages), buffer_size, self._continuous, list(self._parts)
+        )
 
     def build(
         self,

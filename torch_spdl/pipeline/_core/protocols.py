@@ -15,7 +15,10 @@ here, as a :class:`~typing.Protocol`, and both sides import it from here:
 - :class:`InnerPipeline`: what a stage that runs pipelines of its own (``Merge``,
   ``path_variants``) does with them;
 - :class:`StoppableSource`: a source that may block in a wait of its own (another
-  pipeline, a bound on batches in flight), which the pipeline releases as it stops.
+  pipeline), which the pipeline releases as it stops;
+- :class:`StoppablePart`: something outside the stages that the pipeline's threads wait
+  on (a bound on batches in flight, worker threads or processes), registered with the
+  pipeline (``PipelineBuilder.add_stoppable``) and shut down by its runtime.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ __all__ = [
     "SupervisedStage",
     "StageReading",
     "StageTracer",
+    "StoppablePart",
     "StoppableSource",
     "Supervisor",
     "TracedStage",
@@ -233,3 +237,19 @@ class StoppableSource(Protocol):
     ends: every wait has an owner that can end it."""
 
     def stop_source(self) -> None: ...
+
+
+@runtime_checkable
+class StoppablePart(Protocol):
+    """A part of a run that is not a stage but that stages or the source wait on: a bound
+    on the batches in flight, threads that read a dataset, worker processes that make
+    batches. Registered with :meth:`~torch_spdl.pipeline.PipelineBuilder.add_stoppable`,
+    it is owned by the pipeline's runtime, which calls :meth:`shutdown` once when the
+    pipeline stops (``stop()``, the end of an iteration that started it, or the pipeline
+    collected; started or not), before it joins its threads: whatever waits on the part
+    then returns, so no wait outlives the run and nobody orders the shutdown by hand.
+
+    ``shutdown`` may be called from any thread; it must not raise (an error is logged)
+    and must tolerate a second call."""
+
+    def shutdown(self) -> None: ...

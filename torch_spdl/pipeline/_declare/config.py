@@ -26,6 +26,7 @@ from .ops import OpKind, classify_op, op_name
 from .placement import PlacementConfig
 
 if TYPE_CHECKING:
+    from .._core.protocols import StoppablePart
     from .._plugins.background import BackgroundTaskFactory
     from .._plugins.hooks import StageInfo, TaskHook
     from .._plugins.queues import AsyncQueue
@@ -241,7 +242,8 @@ class BuildOptions:
 
 @dataclass
 class PipelineSpec:
-    """Everything ``build`` needs: the source, the stages in order, the sink size.
+    """Everything ``build`` needs: the source, the stages in order, the sink size,
+    and the parts the run owns besides its stages (``add_stoppable``).
 
     What ``PipelineBuilder.get_config()`` returns. SPDL's ``defs.PipelineConfig`` (another
     class, SPDL's shape: ``src``, ``pipes``, ``sink``) is turned into one of these to build.
@@ -251,3 +253,4 @@ class PipelineSpec:
     stages: list[StageConfig] = field(default_factory=list)
     buffer_size: int = 3
     continuous: bool = False  # add_source(continuous=True): one run per epoch, kept going
+    parts: list[StoppablePart] = field(default_factory=list)

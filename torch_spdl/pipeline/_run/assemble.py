@@ -191,6 +191,7 @@ class _Assembly:
             autotune=self.options.autotune_config(),
             trace=self.options.trace,
             background_tasks=background_tasks,
+            parts=self.config.parts,
         )
         return runtime, channels[-1]
 
@@ -258,8 +259,7 @@ class _Assembly:
             return RegionStage(name, stages, spec.executor, options, inbox, outbox, _build_region)
         if isinstance(spec, PathVariantsConfig):
             makers = [
-                lambda src, p=path: self.inner(PipelineSpec(src, list(p), 2))
-                for path in spec.paths
+                lambda src, p=path: self.inner(PipelineSpec(src, list(p), 2)) for path in spec.paths
             ]
             node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=budget)
         elif isinstance(spec, AggregateConfig):

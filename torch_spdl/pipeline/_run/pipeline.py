@@ -74,7 +74,9 @@ class Pipeline(Generic[T]):
         """Stop every stage and join every thread; the pipeline is unusable afterwards.
 
         Stopping a pipeline that never started does nothing (it can still be started
-        afterwards); stopping it again is a no-op too. For a pipeline started
+        afterwards), unless parts were registered with it
+        (:meth:`PipelineBuilder.add_stoppable`): they may be running already, so they are
+        shut down, and the pipeline with them. Stopping it again is a no-op. For a pipeline started
         explicitly, raises the :class:`PipelineFailure` if it failed, on every call.
 
         Args:
@@ -82,7 +84,7 @@ class Pipeline(Generic[T]):
                 thread still inside an op is left to finish as a daemon, named in a
                 warning).
         """
-        if self._runtime.state == "new":
+        if self._runtime.state == "new" and not self._runtime.parts:
             return  # never started: nothing to stop, and it can still be started (SPDL)
         self._runtime.shutdown(timeout, keep_sink=self._explicit)
         # Stopped: nothing is left for the finalizer to do, and kept, it would keep the

@@ -1,7 +1,9 @@
 """The owner of every thread and task of one running pipeline.
 
 Workers never outlive their runtime: ``shutdown`` aborts every channel (which wakes every
-worker waiting on one), cancels the event loop's tasks, and joins every thread it started.
+worker waiting on one), shuts down the parts registered with the pipeline
+(:class:`~.._core.protocols.StoppablePart`: what a worker may wait on outside the
+channels), cancels the event loop's tasks, and joins every thread it started.
 The event loop's default executor (where ``asyncio.to_thread`` runs, as ``torch_spdl.io``'s
 async functions do) is one the runtime makes and shuts down, waiting for its threads, when
 the loop ends: ``loop.close()`` alone would leave them running.
@@ -22,14 +24,14 @@ from typing import Any
 
 from .._autotune import AutotuneConfig, Autotuner
 from .._core.errors import PipelineFailure
-from .._core.protocols import SupervisedStage
+from .._core.protocols import StoppablePart, SupervisedStage
 from .._core.stats import StatsReporter
 from .._plugins.background import BackgroundTaskFactory, run_background
 from .._wire.channel import Channel
 from .trace_record import PipelineTrace
 from .tracer import Tracer
 
-__all__ = ["Runtime", "STOPPED"]
+__all__ = ["OwnedParts", "Runtime", "STOPPED"]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
@@ -49,6 +51,27 @@ _JOIN_S = 0.5
 STOPPED = _Stopped("the pipeline was stopped")
 
 
+class OwnedParts:
+    """The parts registered with a pipeline (:class:`StoppablePart`); true while some are
+    still to be shut down."""
+
+    def __init__(self, parts: Sequence[StoppablePart]) -> None:
+        self._parts = list(parts)
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    def shutdown(self) -> None:
+        """Shut down each part once, in the order registered; an error is logged, not
+        raised: the rest of the run must still stop."""
+        parts, self._parts = self._parts, []
+        for part in parts:
+            try:
+                part.shutdown()
+            except Exception:
+                _LG.exception("shutting down %r failed", part)
+
+
 class Runtime:
     """Starts, fails and stops the workers of the given nodes."""
 
@@ -62,8 +85,10 @@ class Runtime:
         autotune: AutotuneConfig | None = None,
         trace: bool = False,
         background_tasks: Sequence[BackgroundTaskFactory] = (),
+        parts: Sequence[StoppablePart] = (),
     ) -> None:
         self.nodes = list(nodes)
+        self.parts = OwnedParts(parts)
         self._background = list(background_tasks)
         self.channels = list(channels)
         self._threads: list[threading.Thread] = []
@@ -287,9 +312,11 @@ class Runtime:
         # otherwise nobody will read it, and it may hold large batches: drop it.
         self.channels[-1].abort(STOPPED, keep_items=keep_sink)
         if not was_running:
+            self.parts.shutdown()  # made with the declaration, they may run already
             return
         with self._starting:
             pass  # let a start() under way in another thread finish launching first
+        self.parts.shutdown()  # before the joins: a worker waiting on one returns
         if self._reporter is not None:
             self._reporter.stop()
         if self._autotuner is not None:

@@ -1,4 +1,4 @@
-"""The pieces a DataLoader epoch is built from: slots, stage wrappers, rebatch, collate.
+"""Per-sample ops of a DataLoader epoch: slots, stage wrappers, rebatch, collate.
 
 Every sample travels as a :class:`Slot` (its batch number and place in the batch). A
 stage that fails does not raise into the engine: it records the error on the slot, and
@@ -15,19 +15,19 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._worker import WorkerGroup, hidden_worker_info, single_threaded_ops
+from ._worker_info import WorkerGroup, hidden_worker_info, single_threaded_ops
 
 __all__ = [
     "BatchError",
-    "Collate",
-    "FailureBudget",
+    "CollateOrError",
+    "SkipBudget",
     "Rebatch",
     "RebatchCollate",
     "Slot",
     "settle",
     "Tagged",
     "Tokens",
-    "Slots",
+    "SlotSource",
     "stage_op",
     "load_inline",
 ]
@@ -58,7 +58,7 @@ class BatchError:
 
     __slots__ = ("error", "fatal")
 
-    def __init__(self, error: BaseException, fatal: bool = False) -> None:
+    def __init__(self, error: BaseException, *, fatal: bool = False) -> None:
         self.error = error
         self.fatal = fatal
 
@@ -102,8 +102,11 @@ def stage_op(
     return run
 
 
-class FailureBudget:
-    """How many samples may fail and be skipped before an error reaches the caller."""
+class SkipBudget:
+    """How many samples may fail and be skipped before an error reaches the caller
+    (``max_failures``). Spending it skips one sample and the epoch goes on; once spent,
+    the failing batch carries its error to the consumer. (The engine's ``FailureLimit``
+    counts failed items too, but fails the whole pipeline when it is exceeded.)"""
 
     def __init__(self, allowed: int) -> None:
         self.allowed = allowed
@@ -135,9 +138,11 @@ class Tokens:
     def give(self) -> None:
         self._sem.release()
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
+        """The pipeline stops (the tokens are a part of it, ``add_stoppable``): the one
+        source thread may be waiting, wake it to see that it must end."""
         self._closed = True
-        self._sem.release()  # the one source thread may be waiting: wake it to see `closed`
+        self._sem.release()
 
 
 _MISSING: Any = object()
@@ -150,10 +155,11 @@ class Rebatch:
     def __init__(
         self,
         tokens: Tokens,
-        budget: FailureBudget,
-        ordered: bool,
+        budget: SkipBudget,
         first: int,
         skip: set[int],
+        *,
+        ordered: bool,
         with_index: bool = False,
     ) -> None:
         self._with_index = with_index  # samples as (index, value) pairs
@@ -195,13 +201,13 @@ class Rebatch:
             self._advance()
 
     def _finish(self, b: int, slots: list[Slot]) -> Iterator[tuple[int, Any]]:
-        item = settle(b, slots, self._budget, self._with_index)
+        item = settle(b, slots, self._budget, with_index=self._with_index)
         if item is not None:
             yield item
 
 
 def settle(
-    b: int, slots: list[Slot], budget: FailureBudget, with_index: bool = False
+    b: int, slots: list[Slot], budget: SkipBudget, *, with_index: bool = False
 ) -> tuple[int, Any] | None:
     """Batch ``b`` from its samples: failed ones skipped within the budget (in batch order,
     so deterministically), else the batch carries the first error past it; None when
@@ -220,10 +226,12 @@ def settle(
     return b, values
 
 
-class Collate:
-    """``collate_fn`` as a stage; a failure becomes a BatchError naming the batch."""
+class CollateOrError:
+    """``collate_fn`` as a stage on one batch; a failure becomes a BatchError naming the
+    batch, delivered in its turn. (The engine's ``Collate`` is another thing: the
+    aggregator that groups items into lists of ``n``.)"""
 
-    def __init__(self, collate_fn: Callable[[Any], Any], auto: bool, tagged: bool) -> None:
+    def __init__(self, collate_fn: Callable[[Any], Any], *, auto: bool, tagged: bool) -> None:
         self.collate_fn = collate_fn
         self.auto = auto
         self.tagged = tagged
@@ -246,7 +254,7 @@ class Collate:
 class RebatchCollate:
     """Rebatch and collate fused in one stage (one thread hop fewer per batch)."""
 
-    def __init__(self, rebatch: Rebatch, collate: Collate) -> None:
+    def __init__(self, rebatch: Rebatch, collate: CollateOrError) -> None:
         self.rebatch = rebatch
         self.collate = collate
 
@@ -258,9 +266,9 @@ class RebatchCollate:
 class load_inline:  # noqa: N801 (used as a function: it names what the source does)
     """``num_workers=0``: sample, load, batch and collate on the source's thread (like
     torch's single-process loading, but in the background), so each batch crosses one
-    thread boundary, not each sample. Stopped as its slots are."""
+    thread boundary, not each sample. It ends when its slots do."""
 
-    def __init__(self, samples: Slots, getitem: Callable[[Slot], Slot], fused: RebatchCollate):
+    def __init__(self, samples: SlotSource, getitem: Callable[[Slot], Slot], fused: RebatchCollate):
         self._samples = samples
         self._getitem = getitem
         self._fused = fused
@@ -269,14 +277,11 @@ class load_inline:  # noqa: N801 (used as a function: it names what the source d
         for slot in self._samples:
             yield from self._fused(self._getitem(slot))
 
-    def stop_source(self) -> None:
-        self._samples.stop_source()
-
 
 class Tagged:
     """Applies ``fn`` to the batch of a ``(batch number, batch)`` pair (or a bare batch)."""
 
-    def __init__(self, fn: Callable[[Any], Any], tagged: bool) -> None:
+    def __init__(self, fn: Callable[[Any], Any], *, tagged: bool) -> None:
         self.fn = fn
         self.tagged = tagged
 
@@ -287,13 +292,13 @@ class Tagged:
         return (b, batch) if self.tagged else batch
 
 
-class Slots:
+class SlotSource:
     """Per-sample slots of ``(batch number, indices)`` pairs (without auto-collation, each
     "batch" is one index, alone in its list): the source of a per-sample pipeline.
 
-    It waits for a token before each batch; the pipeline ends that wait as it stops
-    (:class:`~torch_spdl.pipeline.StoppableSource`), so that no source thread outlives the
-    epoch (a loader dropped at interpreter exit, say)."""
+    It waits for a token before each batch; the tokens are a part of the pipeline
+    (``PipelineBuilder.add_stoppable``), which ends that wait as it stops, so that no
+    source thread outlives the epoch (a loader dropped at interpreter exit, say)."""
 
     def __init__(self, batches: Iterator[tuple[int, list[Any]]], tokens: Tokens) -> None:
         self._batches = batches
@@ -308,6 +313,3 @@ class Slots:
                 yield Slot(b, 0, 0, None)  # an empty batch still goes to collate_fn, as in torch
             for pos, index in enumerate(indices):
                 yield Slot(b, size, pos, index)
-
-    def stop_source(self) -> None:
-        self._tokens.close()

@@ -2,7 +2,10 @@
 
 With ``persistent_workers=True`` they are the loader's, asked of its
 :class:`~._epoch_plan.LoaderResources` (and outlive the epoch); otherwise this epoch's
-own, stopped with it.
+own, stopped with it. Either way worker processes come with the part that the epoch's
+pipeline shuts down as it stops (``PipelineBuilder.add_stoppable``): this epoch's own
+processes themselves, or for persistent ones the epoch's pending batches, whose waiting
+threads then return.
 """
 
 from __future__ import annotations
@@ -10,25 +13,42 @@ from __future__ import annotations
 import functools
 from concurrent.futures import Executor
 
+from ..pipeline import StoppablePart
+from ._batch_budget import BatchBudget
 from ._epoch_plan import EpochPlan, LoaderResources
 from ._process_workers import ProcessWorkers
-from ._sample_stages import stage_fns
-from ._worker import WorkerGroup
+from ._stage_specs import stage_fns
+from ._worker_info import WorkerGroup
 
-__all__ = ["EpochWorkers"]
+__all__ = ["EpochExecutors"]
 
 
-class EpochWorkers:
+class _PendingBatches:
+    """The persistent worker processes' share in one epoch: its batches still waited for,
+    dropped as the epoch's pipeline stops (the processes live on)."""
+
+    def __init__(self, resources: LoaderResources) -> None:
+        self._resources = resources
+
+    def shutdown(self) -> None:
+        self._resources.cancel_pending()
+
+
+class EpochExecutors:
     """The workers of one epoch.
 
     Args:
         plan: the epoch's settings.
         resources: what the loader keeps across epochs (persistent workers).
         base_seed: the workers' base seed, drawn by the epoch as torch draws it.
+        budget: the epoch's batch bounds (a worker process's batches under way).
     """
 
-    def __init__(self, plan: EpochPlan, resources: LoaderResources, base_seed: int) -> None:
+    def __init__(
+        self, plan: EpochPlan, resources: LoaderResources, base_seed: int, budget: BatchBudget
+    ) -> None:
         self._plan = plan
+        self._budget = budget
         self._resources = resources
         self._base_seed = base_seed
         self._group = (
@@ -37,12 +57,11 @@ class EpochWorkers:
                 base_seed,
                 plan.dataset,
                 plan.worker_init_fn,
-                plan.per_worker_dataset,
+                copy_dataset=plan.per_worker_dataset,
             )
             if plan.num_workers > 0
             else None
         )
-        self._own: ProcessWorkers | None = None  # this epoch's processes (not persistent)
 
     @property
     def any(self) -> bool:
@@ -66,23 +85,24 @@ class EpochWorkers:
                 group.base_seed,
                 group.dataset,
                 self._plan.worker_init_fn,
-                group.copy_dataset,
+                copy_dataset=group.copy_dataset,
             )
         if self.pool(threads) is not None and group is not None:
             return self._resources.thread_group(group)
         return group
 
-    def processes(self, receiver: bool = True) -> ProcessWorkers:
-        """The loader's persistent worker processes, or this epoch's own; ``receiver``:
-        whether results are read on a receiver thread (for a pipeline) or by the thread
-        that waits for them (persistent workers keep how they were first made)."""
-        make = functools.partial(self._make_processes, receiver)
+    def processes(self, *, receiver: bool = True) -> tuple[ProcessWorkers, StoppablePart]:
+        """The loader's persistent worker processes, or this epoch's own, and what the
+        pipeline that uses them shuts down as it stops; ``receiver``: whether results are
+        read on a receiver thread (for a pipeline) or by the thread that waits for them
+        (persistent workers keep how they were first made)."""
+        make = functools.partial(self._make_processes, receiver=receiver)
         if self._plan.persistent_workers:
-            return self._resources.process_workers(make)
-        workers = self._own = make()
-        return workers
+            return self._resources.process_workers(make), _PendingBatches(self._resources)
+        workers = make()
+        return workers, workers
 
-    def _make_processes(self, receiver: bool) -> ProcessWorkers:
+    def _make_processes(self, *, receiver: bool) -> ProcessWorkers:
         plan = self._plan
         return ProcessWorkers(
             plan.dataset,
@@ -91,7 +111,7 @@ class EpochWorkers:
             plan.worker_init_fn,
             plan.collate_fn,
             plan.auto_collation,
-            in_flight=plan.prefetch_factor,
+            in_flight=self._budget.per_worker,
             mp_context=plan.multiprocessing_context,
             stage_fns=stage_fns,
             iterable=(
@@ -101,11 +121,3 @@ class EpochWorkers:
             ),
             receiver=receiver,
         )
-
-    def release(self) -> None:
-        """The epoch ends: persistent processes drop its pending batches (their waiting
-        threads return), its own processes stop."""
-        self._resources.cancel_pending()
-        if self._own is not None:
-            self._own.shutdown()
-            self._own = None

@@ -1,4 +1,4 @@
-"""The pieces of an epoch whose samples are loaded a batch at a time.
+"""Per-batch ops of a DataLoader epoch: for samples loaded a whole batch at a time.
 
 ``batch_tasks`` feeds the batches the sampler chose (those not yet delivered); each is
 loaded whole by :class:`LoadInThreads` (on a thread, measuring it while
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ._batching import BatchError, FailureBudget, Slot, settle
 from ._fetch import Fetched, fetch_batch
 from ._process_workers import ProcessWorkers
-from ._worker import WorkerGroup, single_threaded_ops
-from ._worker_choice import Probe, SwitchGate, WorkerChoice, clock, decide
+from ._sample_ops import BatchError, SkipBudget, Slot, settle
+from ._thread_or_process import Probe, SwitchGate, WorkerChoice, clock, decide
+from ._worker_info import WorkerGroup, single_threaded_ops
 
 __all__ = [
     "LoadInThreads",
@@ -34,10 +34,11 @@ __all__ = [
 
 def batch_tasks(
     chosen: Iterator[Any],
-    auto_collation: bool,
     first: int,
     done: int,
     skip: set[int],
+    *,
+    auto_collation: bool,
     gate: SwitchGate | None = None,
 ) -> Iterator[tuple[int, list[Any]]]:
     """``(batch number, indices)`` for every batch not yet delivered, numbered from
@@ -65,8 +66,9 @@ class LoadInThreads:
         self,
         dataset: Any,
         collate_fn: Callable[[Any], Any],
-        auto_collation: bool,
         group: WorkerGroup | None,
+        *,
+        auto_collation: bool,
         probe: Probe | None = None,
         gate: SwitchGate | None = None,
         on_choice: Callable[[WorkerChoice], None] | None = None,
@@ -183,7 +185,7 @@ class SettleBatch:
     failed and was skipped); runs on one thread, in batch order when the loader is ordered."""
 
     def __init__(
-        self, budget: FailureBudget, collate_fn: Callable[[Any], Any], auto_collation: bool
+        self, budget: SkipBudget, collate_fn: Callable[[Any], Any], *, auto_collation: bool
     ) -> None:
         self.budget = budget
         self.collate_fn = collate_fn

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..pipeline import StageStats
-from ._batching import stage_op
 from ._epoch_plan import Concurrency, EpochPlan, LoaderResources
-from ._staged import Stage, StagedDataset, StageKind
-from ._worker import WorkerGroup
-from ._worker_choice import usable_cores
+from ._sample_ops import stage_op
+from ._staged_dataset import Stage, StagedDataset, StageKind
+from ._thread_or_process import usable_cores
+from ._worker_info import WorkerGroup
 
 __all__ = ["AutoStages", "StageSpec", "bound", "split_point", "stage_fns", "stage_specs"]
 
@@ -106,15 +106,12 @@ def stage_fns(dataset: Any, split: int) -> list[Any]:
 
 
 class AutoStages:
-    """The ``"auto"`` stages of one pipeline, by the ids the epoch gave them."""
+    """The ``"auto"`` stages of one pipeline declaration, by the ids the epoch gave them
+    (a fresh one for each declaration)."""
 
     def __init__(self, resources: LoaderResources) -> None:
         self._resources = resources
         self._ids: list[str] = []  # in declaration order
-
-    def reset(self) -> None:
-        """A new pipeline is being declared."""
-        self._ids = []
 
     def declare(
         self,

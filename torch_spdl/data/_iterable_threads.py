@@ -6,15 +6,16 @@ information set, so that a dataset can shard itself (``files[info.id::info.num_w
 each worker batches its own samples (``drop_last`` applies per worker), and the loader
 takes the batches round-robin across workers, skipping a worker once its iterator ends.
 Here the workers are threads (each with a shallow copy of the dataset, its worker id,
-seed and ``worker_init_fn``, see :class:`~torch_spdl.data._worker.WorkerGroup`), each
-filling a small queue; :meth:`IterableWorkers.batches` yields in the same round-robin order
+seed and ``worker_init_fn``, see :class:`~torch_spdl.data._worker_info.WorkerGroup`), each
+filling a small queue; :meth:`IterableThreads.batches` yields in the same round-robin order
 (``in_order=True``) or as batches come (``in_order=False``).
 
 An error raised by a worker's iterator is delivered in its place in the order, as torch
 does, and the worker goes on calling ``next()`` on its iterator (a generator that raised
-is then finished). Closing stops every worker at its next batch; a worker stuck inside the
-dataset's own ``__next__`` cannot be interrupted in Python: it is left behind (a daemon
-thread), logged, and ends when that call returns.
+is then finished). The group is a part of the epoch's pipeline
+(``PipelineBuilder.add_stoppable``): its shutdown stops every worker at its next batch; a
+worker stuck inside the dataset's own ``__next__`` cannot be interrupted in Python: it is
+left behind (a daemon thread), logged, and ends when that call returns.
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._batching import BatchError
-from ._worker import WorkerGroup
+from ._sample_ops import BatchError
+from ._worker_info import WorkerGroup
 
-__all__ = ["IterableWorkers"]
+__all__ = ["IterableThreads"]
 
 _LG = logging.getLogger("torch_spdl.data")
 _DONE: Any = object()  # a worker's iterator ended
-_CLOSED: Any = object()  # the loader closed: the reader stops
-_JOIN_S = 1.0  # how long close() waits for a worker before leaving it behind
+_CLOSED: Any = object()  # the pipeline stopped: the reader stops
+_JOIN_S = 1.0  # how long shutdown() waits for a worker before leaving it behind
 
 
 class _Failed:
@@ -44,7 +45,7 @@ class _Failed:
         self.error = error
 
 
-class IterableWorkers:
+class IterableThreads:
     """``group.num_workers`` threads reading copies of ``dataset``.
 
     Args:
@@ -61,6 +62,7 @@ class IterableWorkers:
         dataset: Any,
         group: WorkerGroup,
         batch_size: int | None,
+        *,
         drop_last: bool,
         prefetch: int,
         in_order: bool,
@@ -124,8 +126,8 @@ class IterableWorkers:
         return item
 
     def _put(self, q: queue.Queue[Any], item: Any) -> bool:
-        """Put ``item``; False when closing (``close`` empties the queues, so a put that
-        was waiting returns)."""
+        """Put ``item``; False when stopping (``shutdown`` empties the queues, so a put
+        that was waiting returns)."""
         q.put(item)
         return not self._stop.is_set()
 
@@ -164,7 +166,7 @@ class IterableWorkers:
             return
         self._put(q, _DONE)
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
         """Stop the workers; one stuck in the dataset's code is left behind (logged)."""
         self._stop.set()
         deadline = time.monotonic() + _JOIN_S

@@ -131,6 +131,7 @@ class WorkerGroup:
         base_seed: int,
         dataset: Any,
         init_fn: Callable[[int], None] | None,
+        *,
         copy_dataset: bool = True,
     ) -> None:
         self.num_workers = num_workers
@@ -239,7 +240,21 @@ def install_torch_worker_info() -> None:
     function object every caller reaches (``torch.utils.data.get_worker_info``, however it
     was imported) keeps its identity; only its body is replaced by one that asks this
     module for the calling thread's answer first. Outside loader threads torch's answer
-    (its global: ``None``, or the info in a worker process) is returned unchanged."""
+    (its global: ``None``, or the info in a worker process) is returned unchanged.
+
+    Why the body, and nothing less. Each way that leaves torch's function object alone
+    fails a case scripts rely on: setting torch's global (``_worker_info``) around a
+    loader thread's work is process-wide, so concurrent loader threads would read each
+    other's ids and the training loop would see itself as a worker; a stand-in object as
+    that global cannot answer ``None`` outside a worker (``get_worker_info() is None`` is
+    how code tells the training process); rebinding the module attributes
+    (``torch.utils.data.get_worker_info = ...``) misses every
+    ``from torch.utils.data import get_worker_info`` made before the loader, the usual
+    form at the top of a dataset's module, which would then answer ``None`` in loader
+    threads and leave an ``IterableDataset`` unsharded (every worker reading the whole
+    stream). The swap is done once per process, and in the training process only when
+    loader threads will run user code: a loader of worker processes and a plain dataset
+    leaves it as torch made it."""
     from torch.utils.data._utils import worker as torch_worker
 
     if getattr(torch_worker, "_torch_spdl_view", None) is not None:

@@ -46,7 +46,7 @@ import math
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Literal
 
 __all__ = [
@@ -83,6 +83,7 @@ class WorkerChoice:
 
     kind: Literal["thread", "process"]
     threads: int
+    _: KW_ONLY
     per_batch: bool
     reason: str
 
@@ -120,6 +121,7 @@ def decide(
     m: Measurement,
     num_workers: int,
     batch_size: int,
+    *,
     cores: int | None = None,
     more_threads: bool = True,
 ) -> WorkerChoice:
@@ -140,7 +142,9 @@ def decide(
     per_sample = m.cpu_s / max(m.samples, 1)
     figures = f"__getitem__ kept {busy:.2f} cores busy, {share:.0%} of its time on the CPU"
     if busy > _PARALLEL * usable:
-        return WorkerChoice("thread", num_workers, True, f"it runs in parallel ({figures})")
+        return WorkerChoice(
+            "thread", num_workers, per_batch=True, reason=f"it runs in parallel ({figures})"
+        )
     if busy >= _GIL_BOUND:
         per_batch = per_sample * batch_size
         moving = max(MIN_PROCESS_BATCH_S, 2 * m.batch_bytes / COPY_BYTES_PER_S)
@@ -149,15 +153,19 @@ def decide(
                 f"it holds the GIL, but a batch costs {per_batch * 1e3:.2f} ms of CPU, "
                 f"less than moving it from a process ({moving * 1e3:.2f} ms)"
             )
-            return WorkerChoice("thread", num_workers, True, f"{why} ({figures})")
-        return WorkerChoice("process", num_workers, True, f"it holds the GIL ({figures})")
+            return WorkerChoice("thread", num_workers, per_batch=True, reason=f"{why} ({figures})")
+        return WorkerChoice(
+            "process", num_workers, per_batch=True, reason=f"it holds the GIL ({figures})"
+        )
     if share < _WAITS:
         threads = num_workers
         if more_threads:
             wanted = math.ceil(num_workers / max(share, 1 / 16))
             threads = min(MAX_IO_THREADS, max(num_workers, wanted))
-        return WorkerChoice("thread", threads, False, f"it waits ({figures})")
-    return WorkerChoice("thread", num_workers, True, f"the loader is the bottleneck ({figures})")
+        return WorkerChoice("thread", threads, per_batch=False, reason=f"it waits ({figures})")
+    return WorkerChoice(
+        "thread", num_workers, per_batch=True, reason=f"the loader is the bottleneck ({figures})"
+    )
 
 
 class Probe:
