@@ -161,7 +161,7 @@ class Pipeline(Generic[T]):
     # -- introspection -------------------------------------------------------------------
     def get_stats(self) -> list[StageStats]:
         """A snapshot of every stage's counters (live while running, final after)."""
-        return self._runtime.stats()
+        return [node.stats() for node in self._runtime.nodes]
 
     def format_stats(self) -> str:
         """The stage table that ``report_stats_interval`` logs."""

@@ -102,8 +102,11 @@ class Runtime:
         self._state = "new"
         self._errors: list[tuple[str, Exception, int]] = []  # (stage, error, failures)
         self._join_timeout = join_timeout
+        nodes = self.nodes
         self._reporter = (
-            StatsReporter(report_stats_interval, self.stats) if report_stats_interval > 0 else None
+            StatsReporter(report_stats_interval, lambda: [n.stats() for n in nodes])
+            if report_stats_interval > 0
+            else None
         )
         # The tracer and the autotuner see each stage through its protocol, never its class.
         traced = [t for n in self.nodes if (t := n.for_tracer()) is not None]
@@ -350,9 +353,6 @@ class Runtime:
     def _cancel_main(self) -> None:
         if self._main_task is not None:
             self._main_task.cancel()
-
-    def stats(self) -> list[Any]:
-        return [node.stats() for node in self.nodes]
 
     def trace(self) -> PipelineTrace:
         if self._tracer is None:
