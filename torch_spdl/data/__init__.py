@@ -4,7 +4,7 @@
 
 from ._dataloader import DataLoader
 from ._pipeline_dataset import PipelineDataset
-from ._process_workers import WorkerFailure
+from ._process_pool import WorkerFailure
 from ._staged import Stage, StagedDataset
 from ._worker import WorkerInfo, get_worker_info
 from ._worker_choice import Measurement, WorkerChoice, decide

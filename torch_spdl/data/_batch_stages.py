@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from ._batching import BatchError, FailureBudget, Slot, settle
 from ._fetch import Fetched, fetch_batch
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._worker import WorkerGroup, single_threaded_ops
 from ._worker_choice import Probe, SwitchGate, WorkerChoice, clock, decide
 

@@ -34,7 +34,7 @@ from ._batch_stages import SettleBatch
 from ._batch_transfer import BatchMover
 from ._batching import BatchError, FailureBudget
 from ._fetch import Fetched, IterableFetcher, fetch_batch
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 
 __all__ = ["CallerLoading", "Feed", "WorkerFeed", "inline_iterable", "inline_map"]
 

@@ -37,7 +37,7 @@ from ._epoch_plan import EpochPlan, LoaderResources, Loading
 from ._epoch_workers import EpochWorkers
 from ._iterable_processes import process_batches
 from ._iterable_workers import IterableWorkers
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._sample_stages import AutoStages, StageSpec, bound, split_point, stage_specs
 from ._worker_choice import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice
 

@@ -11,7 +11,7 @@ import functools
 from concurrent.futures import Executor
 
 from ._epoch_plan import EpochPlan, LoaderResources
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._sample_stages import stage_fns
 from ._worker import WorkerGroup
 

@@ -1,10 +1,14 @@
-"""What runs in a DataLoader worker process, and the messages it sends back.
+"""What runs in a DataLoader worker process, and the messages between it and the loader.
 
-:mod:`._process_workers` (the loader's side) forks the workers; each runs
-:func:`worker_main`: it takes tasks (a batch of indices, loaded values, or "the next batch"
-of an iterable dataset) from its pipe, loads and collates the batch, writes it into a
-shared-memory arena and sends back the batch's small metadata, or the errors, pickled when
-they survive pickling (:func:`rebuild_error` makes them again in the loader).
+:mod:`._process_pool` (the loader's side) forks the workers; each runs :func:`worker_main`:
+it takes tasks from its pipe (:class:`LoadBatch`: a batch of indices, or of values the
+first stages made on threads; :class:`NextBatch`: an iterable dataset's next batch; the
+wire's ``Stop``), loads and collates the batch, writes it into a shared-memory arena and
+sends back the batch's small metadata (:class:`Batch`), or the errors of its samples
+(:class:`SampleErrors`), each as the wire's ``PortableError``. The messages are typed as
+the process wire's are (``torch_spdl._procwire``) and sent with the pipe's own ``send``;
+what must travel by value (the values, a batch without an arena) is plainly pickled in
+their ``payload`` or ``data``.
 """
 
 from __future__ import annotations
@@ -13,43 +17,100 @@ import gc
 import os
 import pickle
 import signal
-import traceback
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
+from .._procwire import PortableError, Stop
+from ._arena_leases import NO_ARENA
 from ._collate import PlacingCollate, is_default_collate
 from ._fetch import Fetched, IterableFetcher, fetch_batch
-from ._leases import NO_ARENA
 from ._libc import return_large_blocks
 from ._shared_batch import Arena, BatchSpace, dump_batch
 from ._worker import install_torch_worker_info, set_process_worker_info
 
-__all__ = ["ITERATE", "rebuild_error", "worker_main"]
+__all__ = [
+    "Batch",
+    "Exhausted",
+    "InitFailed",
+    "LoadBatch",
+    "NextBatch",
+    "Reply",
+    "SampleErrors",
+    "Task",
+    "worker_main",
+]
 
 _WATCHDOG_S = 5.0  # how often an idle worker checks that the loader's process still lives
-ITERATE = -2
-"""The ``split`` of a task that asks an iterable dataset's worker for its next batch."""
 
 
-def _pack_error(exc: BaseException) -> tuple[bytes | None, str]:
-    """The exception itself when it survives a pickle round trip, and its traceback."""
-    text = "".join(traceback.format_exception(exc))
-    try:
-        data = pickle.dumps(exc)
-        pickle.loads(data)
-    except Exception:
-        data = None
-    return data, text
+# -- the loader to a worker -----------------------------------------------------------------
+class LoadBatch(NamedTuple):
+    """Load one batch: ``payload`` is the pickled ``(values, indices)``; the values are
+    indices for ``__getitem__`` (``first_stage`` None), or what the stages before
+    ``first_stage`` made on threads."""
+
+    task_id: int
+    slot: int  # the arena to write the batch into, or NO_ARENA
+    payload: bytes
+    first_stage: int | None
 
 
-def rebuild_error(data: bytes | None, text: str) -> BaseException:
-    if data is not None:
-        exc = pickle.loads(data)
-    else:
-        exc = RuntimeError(f"an exception that cannot be pickled was raised:\n{text}")
-    exc.add_note(f"traceback in the worker process:\n{text}")
-    return exc
+class NextBatch(NamedTuple):
+    """An iterable dataset's next batch: ``payload`` is the pickled ``(epoch, state)``
+    (state: a stateful dataset's, to restore first, or None)."""
+
+    task_id: int
+    slot: int
+    payload: bytes
+
+
+Task = LoadBatch | NextBatch | Stop
+
+
+# -- a worker to the loader -----------------------------------------------------------------
+class Batch(NamedTuple):
+    """A batch, as :func:`dump_batch` wrote it, and the dataset's state after it."""
+
+    task_id: int
+    slot: int
+    data: bytes
+    size: int  # the arena's size (it may have grown)
+    used: int  # bytes written into the arena
+    state: Any
+
+
+class SampleError(NamedTuple):
+    pos: int
+    index: Any
+    error: PortableError
+
+
+class SampleErrors(NamedTuple):
+    """The samples that loaded (written as a batch is) and the errors of those that did not."""
+
+    task_id: int
+    slot: int
+    data: bytes
+    size: int
+    used: int
+    errors: list[SampleError]
+
+
+class Exhausted(NamedTuple):
+    """An iterable dataset's worker has no more batches this epoch."""
+
+    task_id: int
+    slot: int
+
+
+class InitFailed(NamedTuple):
+    """The worker could not start (``worker_init_fn`` raised): it exits."""
+
+    error: PortableError
+
+
+Reply = Batch | SampleErrors | Exhausted | InitFailed
 
 
 def worker_main(
@@ -75,7 +136,7 @@ def worker_main(
         if init_fn is not None:
             init_fn(wid)
     except Exception as exc:
-        results.send(("init_error", *_pack_error(exc)))
+        results.send(InitFailed(PortableError.of(exc)))
         os._exit(1)
     steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
     fetcher: IterableFetcher | None = None
@@ -85,48 +146,37 @@ def worker_main(
             while not tasks.poll(_WATCHDOG_S):
                 if os.getppid() != parent:  # the loader's process is gone
                     os._exit(0)
-            task = tasks.recv()
+            task: Task = tasks.recv()
         except (EOFError, OSError):  # the loader's process is gone
             break
-        if task is None:
+        if isinstance(task, Stop):
             break
-        task_id, slot, split, payload = task
-        values, indices = pickle.loads(payload)
-        arena = arenas[slot] if arenas is not None and slot != NO_ARENA else None
-        if split == ITERATE:
+        arena = arenas[task.slot] if arenas is not None and task.slot != NO_ARENA else None
+        if isinstance(task, NextBatch):
             if fetcher is None:
                 assert iterable is not None, "an iterable task for a map-style worker"
                 per_batch, drop_last = iterable
                 fetcher = IterableFetcher(dataset, per_batch, drop_last, collate_fn, auto_collation)
-            epoch, state = values  # state: a stateful dataset's, to restore first
+            epoch, state = pickle.loads(task.payload)
             fetched = fetcher.next(epoch, state)
             if fetched is None:
-                results.send(("end", task_id, slot))
+                results.send(Exhausted(task.task_id, task.slot))
             else:
-                results.send(_pack(fetched, task_id, slot, arena))
+                results.send(_pack(fetched, task.task_id, task.slot, arena))
             continue
-        if split not in steps_cache and split >= 0 and stage_fns is not None:
-            steps_cache[split] = stage_fns(dataset, split)
-        steps = steps_cache.get(split) if split >= 0 else None
+        values, indices = pickle.loads(task.payload)
+        first = task.first_stage
+        if first is not None and first not in steps_cache and stage_fns is not None:
+            steps_cache[first] = stage_fns(dataset, first)
+        steps = steps_cache.get(first) if first is not None else None
         results.send(
-            _load(
-                task_id,
-                slot,
-                values,
-                indices,
-                dataset,
-                steps,
-                collate_fn,
-                auto_collation,
-                arena,
-            )
+            _load(task, values, indices, dataset, steps, collate_fn, auto_collation, arena)
         )
     os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
 
 
 def _load(
-    task_id: int,
-    slot: int,
+    task: LoadBatch,
     values: list[Any],
     indices: list[Any],
     dataset: Any,
@@ -134,7 +184,7 @@ def _load(
     collate_fn: Callable[[Any], Any],
     auto_collation: bool,
     arena: Arena | None,
-) -> tuple[Any, ...]:
+) -> Reply:
     space = None
     if arena is not None and auto_collation and is_default_collate(collate_fn):
         # torch's collate, stacking large tensors straight into the batch's arena: the
@@ -142,7 +192,7 @@ def _load(
         space = BatchSpace(arena)
         collate_fn = PlacingCollate(space.empty)
     fetched = fetch_batch(dataset, values, indices, steps, collate_fn, auto_collation)
-    return _pack(fetched, task_id, slot, arena, space, indices)
+    return _pack(fetched, task.task_id, task.slot, arena, space, indices)
 
 
 def _pack(
@@ -152,7 +202,7 @@ def _pack(
     arena: Arena | None,
     space: BatchSpace | None = None,
     indices: Any = None,
-) -> tuple[Any, ...]:
+) -> Reply:
     """The reply for a batch: the batch, or, when what it holds does not pickle (a lock, a
     generator, an open file), the error naming its samples, so that the loop sees the cause
     and the worker goes on."""
@@ -173,8 +223,8 @@ def _dump(
     slot: int,
     arena: Arena | None,
     space: BatchSpace | None = None,
-) -> tuple[Any, ...]:
+) -> Reply:
     if fetched.errors is None:
-        return ("ok", task_id, slot, *dump_batch(fetched.batch, arena, space), fetched.state)
-    errors = [(pos, index, *_pack_error(exc)) for pos, index, exc in fetched.errors]
-    return ("failed", task_id, slot, *dump_batch(fetched.samples, arena), errors)
+        return Batch(task_id, slot, *dump_batch(fetched.batch, arena, space), fetched.state)
+    errors = [SampleError(pos, index, PortableError.of(exc)) for pos, index, exc in fetched.errors]
+    return SampleErrors(task_id, slot, *dump_batch(fetched.samples, arena), errors)
