@@ -12,7 +12,7 @@ module of the parent package, which its subpackages may import (``scripts/import
 it is the lowest layer and imports nothing of torch_spdl.
 """
 
-from .children import Child, ChildGone, Ready, Sender, Watch
+from .children import Child, ChildGone, Sender, WaitResult, Watch
 from .errors import PortableError
 from .messages import End, Failed, Items, Outcomes, Stop, call_each, dumps, pickle_error
 from .turns import RoundRobin
@@ -25,10 +25,10 @@ __all__ = [
     "Items",
     "Outcomes",
     "PortableError",
-    "Ready",
     "RoundRobin",
     "Sender",
     "Stop",
+    "WaitResult",
     "Watch",
     "call_each",
     "dumps",

@@ -8,9 +8,9 @@ sentinel together (:meth:`Child.receive` for one child, :class:`Watch` for many)
 child that dies, even by ``os._exit`` or a signal, is reported at once with its exit code
 instead of leaving the parent waiting for a message that never comes. Stopping is one
 sequence too (:meth:`Child.stop`): a grace period to exit, then ``terminate``, then
-``kill``; the process is reaped and its exit code kept after the process object is closed,
-so the :class:`Child` still answers what torch's iterator shows of a worker (``pid``,
-``exitcode``, ``is_alive()``, ``join()``, ``terminate()``).
+``kill``; the process is reaped, and where the caller releases the process object its exit
+code is kept, so the :class:`Child` still answers what torch's iterator shows of a worker
+(``pid``, ``exitcode``, ``is_alive()``, ``join()``, ``terminate()``).
 
 :class:`Sender` writes to children's pipes on a thread of its own (the DataLoader's
 workers; the reason, measured, is in ``data/_process_pool.py``).
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, NamedTuple, TypeVar
 
-__all__ = ["Child", "ChildGone", "Ready", "Sender", "Watch"]
+__all__ = ["Child", "ChildGone", "Sender", "WaitResult", "Watch"]
 
 K = TypeVar("K")
 
@@ -78,7 +78,7 @@ class Child:
         if self._exitcode is not None:
             return self._exitcode
         try:
-            return self.process.exitcode  # type: ignore[no-any-return]
+            return self.process.exitcode
         except ValueError:  # closed
             return self._exitcode
 
@@ -121,24 +121,34 @@ class Child:
             raise ChildGone(self, closed_pipe=True) from None
         return pickle.loads(data)
 
-    def stop(self, grace: float, *, kill_at_once: bool = False, term_grace: float = 10.0) -> None:
+    def stop(
+        self,
+        grace: float,
+        *,
+        kill_at_once: bool = False,
+        term_grace: float = 10.0,
+        release: bool = False,
+    ) -> None:
         """Give the child ``grace`` seconds to exit, then ``terminate`` it (with
-        ``term_grace`` seconds more) or, with ``kill_at_once``, ``kill`` it; reap it and
-        close the process object. Stopping twice does nothing more."""
+        ``term_grace`` seconds more) or, with ``kill_at_once``, ``kill`` it, and reap it;
+        with ``release``, close the process object too (its exit code stays readable
+        here). Stopping twice does nothing more."""
+        if self._exitcode is not None:
+            return
         process = self.process
-        if self._exitcode is None:
-            try:
-                process.join(grace)
-                if process.is_alive() and not kill_at_once:
-                    process.terminate()
-                    process.join(term_grace)
-                if process.is_alive():
-                    process.kill()
-                    process.join()
+        try:
+            process.join(grace)
+            if process.is_alive() and not kill_at_once:
+                process.terminate()
+                process.join(term_grace)
+            if process.is_alive():
+                process.kill()
+                process.join()
+            if release:
                 self._exitcode = process.exitcode
                 process.close()
-            except ValueError:  # closed already
-                pass
+        except ValueError:  # closed already
+            pass
 
     def close_pipes(self) -> None:
         """Close the parent's ends of the child's pipes (once nothing uses them)."""
@@ -146,7 +156,7 @@ class Child:
             end.close()
 
 
-class Ready(NamedTuple, Generic[K]):
+class WaitResult(NamedTuple, Generic[K]):
     """What one wait of a :class:`Watch` found: the keys whose pipe has something to read
     (or has closed), and those whose process exited."""
 
@@ -177,7 +187,7 @@ class Watch(Generic[K]):
         """Stop reading ``pipe`` (it closed: its child's exit will tell why)."""
         self._pipes.pop(pipe, None)
 
-    def wait(self, timeout: float | None) -> Ready[K] | None:
+    def wait(self, timeout: float | None) -> WaitResult[K] | None:
         """What is ready within ``timeout`` seconds (both lists empty if nothing); None
         when the wake pipe was written."""
         pipes, exits = self._pipes, self._exits
@@ -185,9 +195,9 @@ class Watch(Generic[K]):
         ready = wait([*wake, *pipes, *exits], timeout)
         if self._wake is not None and self._wake in ready:
             return None
-        readable = [pipes[r] for r in ready if r in pipes]  # type: ignore[index]
-        exited = [exits.pop(r) for r in ready if r in exits]  # type: ignore[call-overload]
-        return Ready(readable, exited)
+        readable = [pipes[r] for r in ready if r in pipes]
+        exited = [exits.pop(r) for r in ready if r in exits]
+        return WaitResult(readable, exited)
 
 
 class Sender:

@@ -68,13 +68,13 @@ class Outcomes(NamedTuple):
     failed) and the error of each item that failed, by its place in the chunk."""
 
     values: list[Any]
-    errors: dict[int, BaseException]
+    errors: dict[int, Exception]
 
     @classmethod
-    def not_sent(cls, items: list[Any], exc: BaseException) -> Outcomes:
+    def not_sent(cls, items: list[Any], exc: Exception) -> Outcomes:
         """The chunk did not cross (or its outcomes did not come back): every item fails,
         an item that does not pickle with its own error, the others with ``exc``."""
-        errors: dict[int, BaseException] = {}
+        errors: dict[int, Exception] = {}
         for i, item in enumerate(items):
             errors[i] = pickle_error(item) or exc
         return cls([None] * len(items), errors)
@@ -84,7 +84,7 @@ def call_each(op: Callable[[Any], Any], items: list[Any]) -> Outcomes:
     """Run ``op`` on each item of a chunk (in a worker process), so that one bad item fails
     alone."""
     values: list[Any] = []
-    errors: dict[int, BaseException] = {}
+    errors: dict[int, Exception] = {}
     for i, item in enumerate(items):
         try:
             values.append(op(item))

@@ -4,8 +4,8 @@
 it takes tasks from its pipe (:class:`LoadBatch`: a batch of indices, or of values the
 first stages made on threads; :class:`NextBatch`: an iterable dataset's next batch; the
 wire's ``Stop``), loads and collates the batch, writes it into a shared-memory arena and
-sends back the batch's small metadata (:class:`Batch`), or the errors of its samples
-(:class:`SampleErrors`), each as the wire's ``PortableError``. The messages are typed as
+sends back the batch's small metadata (:class:`BatchWritten`), or the errors of its samples
+(:class:`BatchWithErrors`), each as the wire's ``PortableError``. The messages are typed as
 the process wire's are (``torch_spdl._procwire``) and sent with the pipe's own ``send``;
 what must travel by value (the values, a batch without an arena) is plainly pickled in
 their ``payload`` or ``data``.
@@ -30,13 +30,13 @@ from ._shared_batch import Arena, BatchSpace, dump_batch
 from ._worker import install_torch_worker_info, set_process_worker_info
 
 __all__ = [
-    "Batch",
+    "BatchWritten",
     "Exhausted",
     "InitFailed",
     "LoadBatch",
     "NextBatch",
     "Reply",
-    "SampleErrors",
+    "BatchWithErrors",
     "Task",
     "worker_main",
 ]
@@ -69,7 +69,7 @@ Task = LoadBatch | NextBatch | Stop
 
 
 # -- a worker to the loader -----------------------------------------------------------------
-class Batch(NamedTuple):
+class BatchWritten(NamedTuple):
     """A batch, as :func:`dump_batch` wrote it, and the dataset's state after it."""
 
     task_id: int
@@ -86,7 +86,7 @@ class SampleError(NamedTuple):
     error: PortableError
 
 
-class SampleErrors(NamedTuple):
+class BatchWithErrors(NamedTuple):
     """The samples that loaded (written as a batch is) and the errors of those that did not."""
 
     task_id: int
@@ -110,7 +110,7 @@ class InitFailed(NamedTuple):
     error: PortableError
 
 
-Reply = Batch | SampleErrors | Exhausted | InitFailed
+Reply = BatchWritten | BatchWithErrors | Exhausted | InitFailed
 
 
 def worker_main(
@@ -225,6 +225,6 @@ def _dump(
     space: BatchSpace | None = None,
 ) -> Reply:
     if fetched.errors is None:
-        return Batch(task_id, slot, *dump_batch(fetched.batch, arena, space), fetched.state)
+        return BatchWritten(task_id, slot, *dump_batch(fetched.batch, arena, space), fetched.state)
     errors = [SampleError(pos, index, PortableError.of(exc)) for pos, index, exc in fetched.errors]
-    return SampleErrors(task_id, slot, *dump_batch(fetched.samples, arena), errors)
+    return BatchWithErrors(task_id, slot, *dump_batch(fetched.samples, arena), errors)

@@ -59,12 +59,12 @@ from .._procwire import Child, Sender, Stop, Watch, dumps
 from ._arena_leases import NO_ARENA, ArenaLeases
 from ._fetch import Fetched
 from ._process_child import (
+    BatchWithErrors,
     Exhausted,
     InitFailed,
     LoadBatch,
     NextBatch,
     Reply,
-    SampleErrors,
     worker_main,
 )
 from ._shared_batch import Arena, load_batch
@@ -291,7 +291,7 @@ class ProcessWorkers:
         if self._receiver is not None:
             self._receiver.join()
         for w in self._workers:  # a worker busy in user code, or stuck, is killed
-            w.child.stop(_GRACE_S, kill_at_once=True)
+            w.child.stop(_GRACE_S, kill_at_once=True, release=True)
         # A write to a worker that was stuck with a full pipe failed when it was killed.
         self._sender.join()
         for w in self._workers:
@@ -367,7 +367,7 @@ class ProcessWorkers:
             if reply.used:
                 self._leases.written(slot)
         value = load_batch(reply.data, arena, reply.size, reply.used, release)
-        if not isinstance(reply, SampleErrors):
+        if not isinstance(reply, BatchWithErrors):
             return Fetched(batch=value, state=reply.state)
         errors = []
         for failed in reply.errors:

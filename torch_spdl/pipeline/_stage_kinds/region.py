@@ -14,7 +14,8 @@ How one region runs (:class:`RegionStage`, one node of the outer pipeline):
   reads the chunks its pipe brings.
 - Per worker, a *feeder* thread takes the items waiting in the region's input queue (up
   to :data:`CHUNK` at a time: the first one blocking, the rest only if already there) and
-  sends them as one pickled message; a *receiver* thread puts the worker's results, which
+  sends them as one pickled message (the process wire's ``Items``; ``End`` closes the
+  input); a *receiver* thread puts the worker's results, which
   come in chunks of what its sink held, on the region's output. All feeders pull from one
   queue, so a busy worker simply takes less. How far a feeder runs ahead of its worker is
   bounded by the pipe's buffer (the worker reads only as its first queue has room).
@@ -28,6 +29,9 @@ How one region runs (:class:`RegionStage`, one node of the outer pipeline):
 - Shutdown: at the end of the stream each worker receives an end mark, drains, reports
   and exits, and is joined; ``stop()`` terminates and joins the workers still running.
   No shared memory is used, so none can be left behind.
+
+The messages, the errors that cross, and the start and stop of a worker are the process
+wire's (``torch_spdl._procwire``).
 """
 
 from __future__ import annotations
@@ -36,12 +40,12 @@ import logging
 import os
 import pickle
 import sys
-import traceback
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from ..._procwire import Child, End, Failed, Items, PortableError, dumps, pickle_error
 from .._core.errors import PipelineFailure, describe_item
 from .._declare.config import BuildOptions
 from .._declare.placement import ProcessPoolExecutorConfig
@@ -56,7 +60,6 @@ __all__ = ["CHUNK", "RegionBuild", "RegionStage"]
 _LG = logging.getLogger("torch_spdl.pipeline")
 
 CHUNK = 64  # most items in one message, either way
-_ITEMS, _END, _ERROR = 0, 1, 2
 
 # How a worker builds the region's stages into a pipeline of its own: ``build(source,
 # stages, options)`` with the build options of the outer pipeline. The build module passes
@@ -75,26 +78,16 @@ class _PipeSource:
     def __iter__(self) -> Iterator[Any]:
         while True:
             try:
-                chunk = pickle.loads(self.conn.recv_bytes())
+                message = pickle.loads(self.conn.recv_bytes())
             except EOFError:  # the parent is gone or stopping
                 return
-            if chunk is None:  # the end of the region's input
+            if not isinstance(message, Items):  # End: the end of the region's input
                 return
-            yield from chunk
+            yield from message.values
 
 
-def _send(conn: Connection, message: Any) -> None:
-    conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
-
-
-def _portable_error(exc: BaseException) -> BaseException:
-    """``exc`` if it pickles, else a RuntimeError carrying its type and traceback."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        text = "".join(traceback.format_exception(exc))
-        return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}\n{text}")
+def _send(conn: Connection, message: Items | End | Failed) -> None:
+    conn.send_bytes(dumps(message))
 
 
 def _worker_main(
@@ -125,20 +118,20 @@ def _worker_main(
                     if more is EOF:
                         break
                     chunk.append(more)
-                _send(outbox, (_ITEMS, chunk))
+                _send(outbox, Items(chunk))
                 if more is EOF:
                     break
         except ChannelAborted:
             pass
         failed = sum(s.num_failed for s in pipeline.get_stats())
         pipeline.stop()  # raises the pipeline's failure
-        _send(outbox, (_END, failed))
+        _send(outbox, End(failed=failed))
     except (BrokenPipeError, EOFError):  # the parent is gone: nobody to tell
         code = 1
     except BaseException as exc:
         code = 1
         try:
-            _send(outbox, (_ERROR, _portable_error(exc)))
+            _send(outbox, Failed(PortableError.of(exc)))
         except Exception:
             pass
     finally:
@@ -151,14 +144,14 @@ def _worker_main(
 
 # -- the parent's side -------------------------------------------------------------------
 class _Worker:
-    def __init__(self, index: int, process: Any, to_worker: Connection, results: Connection):
+    def __init__(self, index: int, child: Child, to_worker: Connection, results: Connection):
         self.index = index
-        self.process = process
+        self.child = child
         self.to_worker = to_worker
         self.results = results
 
     def describe(self) -> str:
-        return f"region worker {self.index} (pid {self.process.pid})"
+        return f"region worker {self.index} (pid {self.child.pid})"
 
 
 class RegionStage(Node):
@@ -195,24 +188,14 @@ class RegionStage(Node):
         for i in range(self.num):
             to_worker_r, to_worker_w = ctx.Pipe(duplex=False)
             results_r, results_w = ctx.Pipe(duplex=False)
-            process = ctx.Process(
-                target=_worker_main,
-                args=(
-                    self.build,
-                    i,
-                    self.stages,
-                    self.options,
-                    self.config,
-                    to_worker_r,
-                    results_w,
-                ),
+            child = Child.start(
+                ctx,
+                _worker_main,
+                (self.build, i, self.stages, self.options, self.config, to_worker_r, results_w),
                 name=f"torch_spdl-region-{i}",
-                daemon=True,
-            )
-            process.start()
-            to_worker_r.close()
-            results_w.close()
-            worker = _Worker(i, process, to_worker_w, results_r)
+                child_ends=[to_worker_r, results_w],
+            )  # its feeder and its receiver close the parent's ends of its pipes
+            worker = _Worker(i, child, to_worker_w, results_r)
             self._workers.append(worker)
             runtime.spawn_thread(partial(self._feed, worker), f"torch_spdl-{self.name}-feed{i}")
             runtime.spawn_thread(partial(self._receive, worker), f"torch_spdl-{self.name}-recv{i}")
@@ -232,11 +215,11 @@ class RegionStage(Node):
                         item = EOF
                         break
                     chunk.append(more)
-                conn.send_bytes(self._pickled(chunk))
+                conn.send_bytes(self._pickled(Items(chunk)))
                 counters.num_in += len(chunk)
                 if item is EOF:
                     break
-            conn.send_bytes(pickle.dumps(None))  # the end of the input: drain and report
+            conn.send_bytes(dumps(End()))  # the end of the input: drain and report
         except (ChannelAborted, BrokenPipeError, OSError):
             pass  # stopping, or the worker died (its receiver reports that)
         except TypeError as exc:  # an item that cannot be pickled
@@ -247,14 +230,12 @@ class RegionStage(Node):
             conn.close()
             self.end_worker()
 
-    def _pickled(self, chunk: list[Any]) -> bytes:
+    def _pickled(self, message: Items) -> bytes:
         try:
-            return pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)
+            return dumps(message)
         except Exception as exc:
-            for item in chunk:  # name the item that cannot cross
-                try:
-                    pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
-                except Exception:
+            for item in message.values:  # name the item that cannot cross
+                if pickle_error(item) is not None:
                     raise TypeError(
                         f"stage {self.name!r} runs in worker processes, and item "
                         f"{describe_item(item)} cannot be pickled to reach them: {exc}"
@@ -267,25 +248,22 @@ class RegionStage(Node):
         try:
             while True:
                 try:
-                    tag, payload = pickle.loads(worker.results.recv_bytes())
+                    message = pickle.loads(worker.results.recv_bytes())
                 except (EOFError, OSError):
                     if not self._stopping:
                         self._died(worker)
                     return
-                if tag == _ITEMS:
-                    for item in payload:
+                if isinstance(message, Items):
+                    for item in message.values:
                         put(item)
-                    counters.num_out += len(payload)
-                elif tag == _END:
+                    counters.num_out += len(message.values)
+                elif isinstance(message, End):
                     with self._lock:
-                        self._num_failed += payload
-                    worker.process.join(timeout=30)
+                        self._num_failed += message.failed
+                    worker.child.join(timeout=30)
                     return
                 else:
-                    if isinstance(payload, PipelineFailure) and len(payload.exceptions) == 1:
-                        payload = payload.exceptions[0]  # the stage's error, with its notes
-                    payload.add_note(f"torch_spdl: raised in {worker.describe()} of {self.name!r}")
-                    self.fail(payload)
+                    self.fail(self._raised_in(worker, message))
                     return
         except ChannelAborted:
             pass
@@ -295,30 +273,31 @@ class RegionStage(Node):
             worker.results.close()
             self.end_worker()
 
+    def _raised_in(self, worker: _Worker, message: Failed) -> BaseException:
+        error = message.error.rebuild(worker.describe())
+        if isinstance(error, PipelineFailure) and len(error.exceptions) == 1:
+            error = error.exceptions[0]  # the stage's error, with its notes
+        error.add_note(f"torch_spdl: raised in {worker.describe()} of {self.name!r}")
+        return error
+
     def _died(self, worker: _Worker) -> None:
-        process = worker.process
-        process.join(timeout=5)
+        worker.child.join(timeout=5)
         error = RuntimeError(
             f"{worker.describe()} of stage {self.name!r} exited unexpectedly with code "
-            f"{process.exitcode}; the items it held are lost"
+            f"{worker.child.exitcode}; the items it held are lost"
         )
         self.fail(error)
 
     def on_stop(self) -> None:
         self._stopping = True
         for worker in self._workers:
-            if worker.process.is_alive():
-                worker.process.terminate()
+            worker.child.terminate()
         for worker in self._workers:
-            worker.process.join(timeout=5)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join()
+            worker.child.stop(5, kill_at_once=True)
 
     def unblock_workers(self) -> None:
         # a region that failed stops its workers now: their feeders and receivers then
         # see closed pipes and leave, and no process outlives the failure
         self._stopping = True
         for worker in self._workers:
-            if worker.process.is_alive():
-                worker.process.terminate()
+            worker.child.terminate()
