@@ -14,7 +14,18 @@ it is the lowest layer and imports nothing of torch_spdl.
 
 from .children import Child, ChildGone, Sender, WaitResult, Watch
 from .errors import PortableError
-from .messages import End, Failed, Items, Outcomes, Stop, call_each, dumps, pickle_error
+from .messages import (
+    End,
+    Failed,
+    Items,
+    Outcomes,
+    Stop,
+    call_each,
+    dumps,
+    pickle_error,
+    receive,
+    send,
+)
 from .turns import RoundRobin
 
 __all__ = [
@@ -33,4 +44,6 @@ __all__ = [
     "call_each",
     "dumps",
     "pickle_error",
+    "receive",
+    "send",
 ]

@@ -18,13 +18,14 @@ workers; the reason, measured, is in ``data/_process_pool.py``).
 
 from __future__ import annotations
 
-import pickle
 import queue
 import signal
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, Generic, NamedTuple, TypeVar
+
+from .messages import receive, send
 
 __all__ = ["Child", "ChildGone", "Sender", "WaitResult", "Watch"]
 
@@ -115,11 +116,10 @@ class Child:
             self.process.join()
             raise ChildGone(self, closed_pipe=False)
         try:
-            data = conn.recv_bytes()
+            return receive(conn)
         except EOFError:
             self.process.join()
             raise ChildGone(self, closed_pipe=True) from None
-        return pickle.loads(data)
 
     def stop(
         self,
@@ -223,6 +223,6 @@ class Sender:
         while (item := self._queue.get()) is not None:
             pipe, message = item
             try:
-                pipe.send(message)
+                send(pipe, message)
             except (OSError, ValueError):
                 pass  # the child is gone: its exit is reported where its pipe is read

@@ -6,9 +6,9 @@ first stages made on threads; :class:`NextBatch`: an iterable dataset's next bat
 wire's ``Stop``), loads and collates the batch, writes it into a shared-memory arena and
 sends back the batch's small metadata (:class:`BatchWritten`), or the errors of its samples
 (:class:`BatchWithErrors`), each as the wire's ``PortableError``. The messages are typed as
-the process wire's are (``torch_spdl._procwire``) and sent with the pipe's own ``send``;
-what must travel by value (the values, a batch without an arena) is plainly pickled in
-their ``payload`` or ``data``.
+the process wire's are, and travel as its do (``torch_spdl._procwire``: plain pickle, by
+value); the values and a batch are pickled once more inside them (``payload``, ``data``),
+the values before they reach the sender thread, a batch by :func:`dump_batch`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
-from .._procwire import PortableError, Stop
+from .._procwire import PortableError, Stop, receive, send
 from ._arena_leases import NO_ARENA
 from ._collate import PlacingCollate, is_default_collate
 from ._fetch import Fetched, IterableFetcher, fetch_batch
@@ -136,7 +136,7 @@ def worker_main(
         if init_fn is not None:
             init_fn(wid)
     except Exception as exc:
-        results.send(InitFailed(PortableError.of(exc)))
+        send(results, InitFailed(PortableError.of(exc)))
         os._exit(1)
     steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
     fetcher: IterableFetcher | None = None
@@ -146,7 +146,7 @@ def worker_main(
             while not tasks.poll(_WATCHDOG_S):
                 if os.getppid() != parent:  # the loader's process is gone
                     os._exit(0)
-            task: Task = tasks.recv()
+            task: Task = receive(tasks)
         except (EOFError, OSError):  # the loader's process is gone
             break
         if isinstance(task, Stop):
@@ -160,17 +160,17 @@ def worker_main(
             epoch, state = pickle.loads(task.payload)
             fetched = fetcher.next(epoch, state)
             if fetched is None:
-                results.send(Exhausted(task.task_id, task.slot))
+                send(results, Exhausted(task.task_id, task.slot))
             else:
-                results.send(_pack(fetched, task.task_id, task.slot, arena))
+                send(results, _pack(fetched, task.task_id, task.slot, arena))
             continue
         values, indices = pickle.loads(task.payload)
         first = task.first_stage
         if first is not None and first not in steps_cache and stage_fns is not None:
             steps_cache[first] = stage_fns(dataset, first)
         steps = steps_cache.get(first) if first is not None else None
-        results.send(
-            _load(task, values, indices, dataset, steps, collate_fn, auto_collation, arena)
+        send(
+            results, _load(task, values, indices, dataset, steps, collate_fn, auto_collation, arena)
         )
     os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
 

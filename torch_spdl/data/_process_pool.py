@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .._procwire import Child, Sender, Stop, Watch, dumps
+from .._procwire import Child, Sender, Stop, Watch, dumps, receive
 from ._arena_leases import NO_ARENA, ArenaLeases
 from ._fetch import Fetched
 from ._process_child import (
@@ -315,13 +315,13 @@ class ProcessWorkers:
             return False
         for worker in ready.readable:
             try:
-                self._settle(worker, worker.results.recv())
+                self._settle(worker, receive(worker.results))
             except (EOFError, OSError):
                 watch.forget(worker.results)  # exiting: its exit tells why
         for worker in ready.exited:
             while watch.watching(worker.results) and worker.results.poll():
                 try:  # what it sent before it exited
-                    self._settle(worker, worker.results.recv())
+                    self._settle(worker, receive(worker.results))
                 except (EOFError, OSError):
                     break
             watch.forget(worker.results)

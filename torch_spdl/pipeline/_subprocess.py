@@ -25,8 +25,8 @@ from .._procwire import (
     Failed,
     Items,
     PortableError,
-    dumps,
     pickle_error,
+    send,
 )
 
 __all__ = ["SubprocessError", "check_picklable", "child_error", "iterate_in_subprocess"]
@@ -65,16 +65,16 @@ def _child_main(
                 slots.acquire()
                 if stop.is_set():
                     return
-                conn.send_bytes(dumps(Items([item])))
+                send(conn, Items([item]))
         finally:
             close = getattr(items, "close", None)
             if close is not None:  # a generator's cleanup (a pipeline's stop) runs now
                 close()
-        conn.send_bytes(dumps(End()))
+        send(conn, End())
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         if stop.is_set():
             return
-        conn.send_bytes(dumps(Failed(PortableError.of(exc))))
+        send(conn, Failed(PortableError.of(exc)))
     finally:
         conn.close()
 

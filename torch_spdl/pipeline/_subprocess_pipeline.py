@@ -29,7 +29,17 @@ from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple, TypeVar
 
-from .._procwire import Child, ChildGone, End, Failed, Items, PortableError, Stop, dumps
+from .._procwire import (
+    Child,
+    ChildGone,
+    End,
+    Failed,
+    Items,
+    PortableError,
+    Stop,
+    receive,
+    send,
+)
 from ._builder import PipelineBuilder
 from ._declare.config import BuildOptions, PipeConfig, PipelineConfig
 from ._plugins.priority import PriorityExecutorEntrypoint
@@ -152,7 +162,7 @@ class _EpochChild:
             credits = 0
             while True:
                 try:
-                    msg: Command = cmd.recv()
+                    msg: Command = receive(cmd)
                 except EOFError:
                     return  # the parent is gone
                 if isinstance(msg, Stop):
@@ -177,14 +187,14 @@ class _EpochChild:
                         pipeline.stop()  # raises the failure, if any
                     elif continuous._runtime.failure is not None:  # noqa: SLF001
                         continuous.stop()
-                    out.send_bytes(dumps(End(epoch)))
+                    send(out, End(epoch))
                 except _Quit:
                     return
                 except _Abandoned:
                     if pipeline is not None:
                         with contextlib.suppress(Exception):
                             pipeline.stop()
-                    out.send_bytes(dumps(End(epoch)))
+                    send(out, End(epoch))
                 except Exception as exc:
                     if pipeline is not None:
                         with contextlib.suppress(Exception):
@@ -215,13 +225,13 @@ class _EpochChild:
 
         for item in stream:
             while cmd.poll():
-                credits += handle(cmd.recv())
+                credits += handle(receive(cmd))
             while credits <= 0:
                 try:
-                    credits += handle(cmd.recv())
+                    credits += handle(receive(cmd))
                 except EOFError:
                     raise _Quit from None
-            out.send_bytes(dumps(Items([item], epoch)))  # by value, as the wire's pickle is
+            send(out, Items([item], epoch))  # by value, as the wire's pickle is
             credits -= 1
         return credits
 
@@ -235,7 +245,7 @@ class _Abandoned(Exception):
 
 
 def _send_error(out: Connection, epoch: int | None, exc: BaseException) -> None:
-    out.send_bytes(dumps(Failed(PortableError.of(exc), epoch)))
+    send(out, Failed(PortableError.of(exc), epoch))
 
 
 def _epoch_child_main(
@@ -269,7 +279,7 @@ class _ChildHandle:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.cmd.send(Stop())
+            send(self.cmd, Stop())
         self.cmd.close()
         self.child.stop(30)
         self.child.close_pipes()
@@ -301,7 +311,7 @@ class _InSubprocess(Iterable[T]):
             return  # no iteration waits: the child (and the source's state) stays
         self._stopping = True
         with contextlib.suppress(Exception):
-            handle.cmd.send(Stop())
+            send(handle.cmd, Stop())
         handle.child.join(timeout=2)
         handle.child.terminate()
 
@@ -327,7 +337,7 @@ class _InSubprocess(Iterable[T]):
 
     def _iterate(self, handle: _ChildHandle, epoch: int) -> Iterator[T]:
         self._busy = True
-        handle.cmd.send(Run(epoch, self._buffer_size))
+        send(handle.cmd, Run(epoch, self._buffer_size))
         child = handle.child
         try:
             while True:
@@ -351,7 +361,7 @@ class _InSubprocess(Iterable[T]):
                     continue  # what an abandoned iteration still had in flight
                 if isinstance(message, Items):
                     with contextlib.suppress(OSError):  # a dead child is reported next wait
-                        handle.cmd.send(Credit())
+                        send(handle.cmd, Credit())
                     yield from message.values
                 elif isinstance(message, End):
                     return
@@ -359,7 +369,7 @@ class _InSubprocess(Iterable[T]):
                     raise child_error(message, child)
         except GeneratorExit:  # the consumer stopped early: the child drops this run
             with contextlib.suppress(Exception):
-                handle.cmd.send(Abandon(epoch))
+                send(handle.cmd, Abandon(epoch))
             raise
         except BaseException:
             # a failed run: stop the child now (the error may be kept, and with it this

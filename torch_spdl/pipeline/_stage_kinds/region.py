@@ -38,14 +38,23 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-from ..._procwire import Child, End, Failed, Items, PortableError, dumps, pickle_error
+from ..._procwire import (
+    Child,
+    End,
+    Failed,
+    Items,
+    PortableError,
+    dumps,
+    pickle_error,
+    receive,
+    send,
+)
 from .._core.errors import PipelineFailure, describe_item
 from .._declare.config import BuildOptions
 from .._declare.placement import ProcessPoolExecutorConfig
@@ -78,16 +87,12 @@ class _PipeSource:
     def __iter__(self) -> Iterator[Any]:
         while True:
             try:
-                message = pickle.loads(self.conn.recv_bytes())
+                message = receive(self.conn)
             except EOFError:  # the parent is gone or stopping
                 return
             if not isinstance(message, Items):  # End: the end of the region's input
                 return
             yield from message.values
-
-
-def _send(conn: Connection, message: Items | End | Failed) -> None:
-    conn.send_bytes(dumps(message))
 
 
 def _worker_main(
@@ -118,20 +123,20 @@ def _worker_main(
                     if more is EOF:
                         break
                     chunk.append(more)
-                _send(outbox, Items(chunk))
+                send(outbox, Items(chunk))
                 if more is EOF:
                     break
         except ChannelAborted:
             pass
         failed = sum(s.num_failed for s in pipeline.get_stats())
         pipeline.stop()  # raises the pipeline's failure
-        _send(outbox, End(failed=failed))
+        send(outbox, End(failed=failed))
     except (BrokenPipeError, EOFError):  # the parent is gone: nobody to tell
         code = 1
     except BaseException as exc:
         code = 1
         try:
-            _send(outbox, Failed(PortableError.of(exc)))
+            send(outbox, Failed(PortableError.of(exc)))
         except Exception:
             pass
     finally:
@@ -219,7 +224,7 @@ class RegionStage(Node):
                 counters.num_in += len(chunk)
                 if item is EOF:
                     break
-            conn.send_bytes(dumps(End()))  # the end of the input: drain and report
+            send(conn, End())  # the end of the input: drain and report
         except (ChannelAborted, BrokenPipeError, OSError):
             pass  # stopping, or the worker died (its receiver reports that)
         except TypeError as exc:  # an item that cannot be pickled
@@ -248,7 +253,7 @@ class RegionStage(Node):
         try:
             while True:
                 try:
-                    message = pickle.loads(worker.results.recv_bytes())
+                    message = receive(worker.results)
                 except (EOFError, OSError):
                     if not self._stopping:
                         self._died(worker)
