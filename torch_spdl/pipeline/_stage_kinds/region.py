@@ -24,8 +24,8 @@ How one region runs (:class:`RegionStage`, one node of the outer pipeline):
   worker whose pipeline fails sends its ``PipelineFailure`` (the original exception
   types, with notes naming the stage and the item) and the region fails the pipeline
   with it, noted with the worker's number and pid. A worker that dies (killed, crashed)
-  is reported at once as a ``RuntimeError`` naming it and its exit code: its pipe closes,
-  so nothing waits for it.
+  is reported at once as a ``RuntimeError`` naming it and its exit code: its receiver
+  waits on its pipe and its exit together, so nothing waits for it.
 - Shutdown: at the end of the stream each worker receives an end mark, drains, reports
   and exits, and is joined; ``stop()`` terminates and joins the workers still running.
   No shared memory is used, so none can be left behind.
@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..._procwire import (
     Child,
+    ChildGone,
     End,
     Failed,
     Items,
@@ -252,9 +253,9 @@ class RegionStage(Node):
         put = self.outbox.put
         try:
             while True:
-                try:
-                    message = receive(worker.results)
-                except (EOFError, OSError):
+                try:  # on the pipe and the worker's exit together
+                    message = worker.child.receive(worker.results, None)
+                except (ChildGone, OSError):
                     if not self._stopping:
                         self._died(worker)
                     return
