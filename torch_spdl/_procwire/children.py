@@ -42,7 +42,7 @@ class ChildGone(Exception):
 
 
 class Child:
-    """A started child process and the parent's ends of its pipes (closed by :meth:`stop`)."""
+    """A started child process and the parent's ends of its pipes (see :meth:`close_pipes`)."""
 
     def __init__(self, process: Any, ends: Sequence[Connection] = ()) -> None:
         self.process = process
@@ -63,7 +63,7 @@ class Child:
         ends: Sequence[Connection] = (),
     ) -> Child:
         """Start ``target(*args)`` in a process of ``ctx``; close ``child_ends`` here (they
-        live on in the child), keep ``ends`` (the parent's) to close at :meth:`stop`."""
+        live on in the child), keep ``ends`` (the parent's) for :meth:`close_pipes`."""
         process = ctx.Process(target=target, args=args, name=name, daemon=daemon)
         process.start()
         for end in child_ends:
@@ -132,7 +132,7 @@ class Child:
         """Give the child ``grace`` seconds to exit, then ``terminate`` it (with
         ``term_grace`` seconds more) or, with ``kill_at_once``, ``kill`` it, and reap it;
         with ``release``, close the process object too (its exit code stays readable
-        here). Stopping twice does nothing more."""
+        here). A child that exited is only reaped."""
         if self._exitcode is not None:
             return
         process = self.process
