@@ -167,10 +167,14 @@ class ProcessWorkers:
                 worker_main,
                 (w.wid, config, stage_fns, *w.child_ends, self._arenas, others),
                 name=f"torch_spdl-worker-{w.wid}",
-                child_ends=w.child_ends,
                 ends=(w.tasks, w.results),
             )
             self._watch.add(w, w.results, w.child)
+        # The parent keeps its own ends only, once every worker started: a later worker
+        # gets the earlier ones' ends to close (pickled, with a start method other than fork).
+        for w in self._workers:
+            for end in w.child_ends:
+                end.close()
         self._pumping = threading.Lock()  # one reader of the pipes at a time
         self._sender = Sender("torch_spdl-worker-sender")  # see the module's doc
         self._receiver: threading.Thread | None = None
