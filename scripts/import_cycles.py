@@ -8,7 +8,11 @@ of the module graph with more than one module.
 
 A private subpackage (``torch_spdl/pipeline/_stage_kinds/``) is a folder of its public package,
 not a package of its own: its modules may import their siblings' private modules, and the
-other packages may not. Folders are layers, so they import one way too: with each folder
+other packages may not. A package's private modules are shared with its subpackages: a
+private module (or private subpackage) directly under ``torch_spdl/``, such as the process
+wire ``torch_spdl/_procwire/``, belongs to the parent package, and ``torch_spdl.data`` and
+``torch_spdl.pipeline`` may import it; a sibling package's private modules stay out of
+reach. Folders are layers, so they import one way too: with each folder
 counted as one node (and each module outside a folder as itself), the graph has no cycle.
 
 Usage: python scripts/import_cycles.py [package_dir]   (default: torch_spdl/)
@@ -142,14 +146,16 @@ def folder_graph(root: Path, graph: dict[str, set[str]]) -> dict[str, set[str]]:
 
 def private_crossings(root: Path, graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     """``(importer, imported)`` pairs where a module imports a private module (a name with a
-    leading underscore, or anything inside one) of a package other than its own."""
+    leading underscore, or anything inside one) of a package other than its own or one of
+    its parents (a package's private modules are shared with its subpackages)."""
     found = []
     for name, targets in graph.items():
         home = package_of(root, name)
         for target in targets:
             there = package_of(root, target)
             private = any(part.startswith("_") for part in target.split(".")[1:])
-            if there != home and private:
+            shared = home == there or home.startswith(there + ".")
+            if private and not shared:
                 found.append((name, target))
     return sorted(found)
 

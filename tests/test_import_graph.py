@@ -44,6 +44,14 @@ def test_no_module_imports_another_packages_private_module() -> None:
     # a folder of pipeline importing a sibling folder's module stays inside pipeline
     inside = {"torch_spdl.pipeline._a.x": {"torch_spdl.pipeline._b.y"}}
     assert module.private_crossings(root, inside) == []
+    # the parent package's private modules (the process wire) are shared with its
+    # subpackages, but a subpackage's private modules are not the parent's to import
+    shared = {"torch_spdl.data._epoch": {"torch_spdl._procwire.messages"}}
+    assert module.private_crossings(root, shared) == []
+    upward = {"torch_spdl._procwire.messages": {"torch_spdl.data._epoch"}}
+    assert module.private_crossings(root, upward) == [
+        ("torch_spdl._procwire.messages", "torch_spdl.data._epoch")
+    ]
     assert module.private_crossings(root, graph) == []
 
 

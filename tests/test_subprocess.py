@@ -55,6 +55,14 @@ def fail_unpicklably():
     raise _Unpicklable("cannot cross", threading.Lock())
 
 
+def fail_with_a_cause():
+    yield 1
+    try:
+        int("not a number")
+    except ValueError as exc:
+        raise ChildError("could not parse") from exc
+
+
 def endless():
     i = 0
     while True:
@@ -168,6 +176,14 @@ def test_unpicklable_child_exception_becomes_subprocess_error():
         for item in iterate_in_subprocess(fail_unpicklably):
             got.append(item)
     assert got == [1]
+
+
+def test_child_exception_keeps_its_cause_and_the_childs_traceback():
+    with pytest.raises(ChildError, match="could not parse") as info:
+        list(iterate_in_subprocess(fail_with_a_cause))
+    assert isinstance(info.value.__cause__, ValueError)
+    notes = "\n".join(info.value.__notes__)
+    assert "fail_with_a_cause" in notes  # the child's traceback, as it printed it
 
 
 def test_unpicklable_fn_is_a_type_error_before_any_child_starts():

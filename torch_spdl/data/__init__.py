@@ -4,7 +4,7 @@
 
 from ._dataloader import DataLoader
 from ._pipeline_dataset import PipelineDataset
-from ._process_workers import WorkerFailure
+from ._process_pool import WorkerFailure
 from ._staged_dataset import Stage, StagedDataset
 from ._thread_or_process import WorkerChoice
 from ._worker_info import WorkerInfo, get_worker_info

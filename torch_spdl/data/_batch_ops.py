@@ -18,7 +18,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ._fetch import Fetched, fetch_batch
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._sample_ops import BatchError, SkipBudget, Slot, settle
 from ._thread_or_process import Probe, SwitchGate, WorkerChoice, clock, decide
 from ._worker_info import WorkerGroup, single_threaded_ops

@@ -33,7 +33,7 @@ from typing import Any
 from ._batch_ops import SettleBatch
 from ._batch_transfer import BatchMover
 from ._fetch import Fetched, IterableFetcher, fetch_batch
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._sample_ops import BatchError, SkipBudget
 
 __all__ = ["CallerLoading", "Feed", "WorkerFeed", "inline_iterable", "inline_map"]

@@ -16,7 +16,7 @@ from concurrent.futures import Executor
 from ..pipeline import StoppablePart
 from ._batch_budget import BatchBudget
 from ._epoch_plan import EpochPlan, LoaderResources
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._stage_specs import stage_fns
 from ._worker_info import WorkerGroup
 

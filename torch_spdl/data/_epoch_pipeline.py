@@ -31,7 +31,7 @@ from ._epoch_shapes import (
     process_shape,
     sample_shape,
 )
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._sample_ops import SkipBudget
 from ._stage_specs import AutoStages, split_point
 from ._thread_or_process import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice

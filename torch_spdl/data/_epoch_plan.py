@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from ._collate import RecyclingCollate
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._thread_or_process import WorkerChoice
 from ._worker_info import WorkerGroup
 

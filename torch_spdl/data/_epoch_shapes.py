@@ -41,7 +41,7 @@ from ._epoch_executors import EpochExecutors
 from ._epoch_plan import EpochPlan, LoaderResources
 from ._iterable_processes import process_batches
 from ._iterable_threads import IterableThreads
-from ._process_workers import ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._sample_ops import (
     CollateOrError,
     Rebatch,

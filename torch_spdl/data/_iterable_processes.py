@@ -3,10 +3,10 @@
 As under torch, each worker process holds its own copy of the dataset (inherited by the
 fork) with its worker information set, so that the dataset can shard itself; it draws its
 own batches, collates them itself and hands them back through shared memory
-(:mod:`._process_workers`). Here the loader asks each worker for a batch at a time, keeping
+(:mod:`._process_pool`). Here the loader asks each worker for a batch at a time, keeping
 ``prefetch`` requests outstanding per worker, and takes the answers round-robin across the
-workers, skipping a worker once its iterator has ended (``in_order=True``, torch's order),
-or as they come (``in_order=False``).
+workers (the process wire's ``RoundRobin``), skipping a worker once its iterator has ended
+(``in_order=True``, torch's order), or as they come (``in_order=False``).
 
 An error raised by a worker's iterator takes that batch's place in the order, as under
 torch, and the worker goes on with its iterator. A worker that dies ends the epoch with an
@@ -32,8 +32,9 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any
 
+from .._procwire import RoundRobin
 from ._fetch import Fetched
-from ._process_workers import ITERATE, ProcessWorkers
+from ._process_pool import ProcessWorkers
 from ._sample_ops import BatchError
 
 __all__ = ["WorkerStates", "caller_feed", "process_batches"]
@@ -76,30 +77,30 @@ def process_batches(
 
     def ask(wid: int) -> None:
         key = -1 - next(keys)  # the arena's lease key (map-style batch numbers are >= 0)
-        task = (epoch, first.pop(wid, None))  # a restored state goes with the first request
-        pending[wid].append((key, workers.submit(key, task, ITERATE, [], wid=wid)))
+        state = first.pop(wid, None)  # a restored state goes with the first request
+        pending[wid].append((key, workers.next_batch(key, wid, epoch, state)))
 
     # What is still pending when the epoch ends, the epoch cancels (``cancel_pending``).
     for wid in range(workers.num_workers):
         pending[wid] = deque()
         for _ in range(prefetch):
             ask(wid)
-    active = list(range(workers.num_workers))
-    turn = restore.next_worker if restore is not None else 0
-    while active:
+    turns = RoundRobin(
+        range(workers.num_workers), restore.next_worker if restore is not None else 0
+    )
+    while turns:
         if in_order:
-            turn %= len(active)
-            wid = active[turn]
+            wid = turns.current()
         else:
-            heads = {pending[w][0][1]: w for w in active}
+            heads = {pending[w][0][1]: w for w in turns.active}
             done, _ = wait(heads, return_when=FIRST_COMPLETED)
             wid = heads[next(iter(done))]
         key, future = pending[wid].popleft()
         item, state = _result(future, read)
         if item is None:  # this worker's iterator has ended
-            active.remove(wid)
+            turns.leave(wid)
             continue
-        turn += 1
+        turns.passed()
         if states is not None:
             states.handed_on(wid, state, workers.num_workers)
         # Counted as the training loop's from here (batches waiting in the pipeline too),

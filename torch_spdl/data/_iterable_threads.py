@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from .._procwire import RoundRobin
 from ._sample_ops import BatchError
 from ._worker_info import WorkerGroup
 
@@ -96,15 +97,17 @@ class IterableThreads:
             yield from self._as_they_come()
 
     def _round_robin(self) -> Iterator[Any]:
-        active = list(range(len(self._queues)))
-        while active:
-            for wid in list(active):
-                item = self._take(self._queues[wid])
-                if item is _CLOSED:
-                    return
-                if item is _DONE:
-                    active.remove(wid)
-                elif item is not None:
+        turns = RoundRobin(range(len(self._queues)))
+        while turns:
+            wid = turns.current()
+            item = self._take(self._queues[wid])
+            if item is _CLOSED:
+                return
+            if item is _DONE:
+                turns.leave(wid)
+            else:
+                turns.passed()
+                if item is not None:
                     yield item
 
     def _as_they_come(self) -> Iterator[Any]:

@@ -1,36 +1,52 @@
 """Run an iterable (or a whole pipeline) in a child process and stream its items back.
 
-``iterate_in_subprocess``: the child sends ``(tag, payload)`` messages over a pipe; a
-semaphore of ``buffer_size`` slots bounds how far it runs ahead. The parent waits on the
-pipe and on the child's exit sentinel together, so a child that dies, even by
-``os._exit``, is reported at once instead of leaving the parent waiting for an item that
-never comes.
+``iterate_in_subprocess``: the child sends the process wire's messages (``Items``, ``End``,
+``Failed``; ``torch_spdl._procwire``) over a pipe; a semaphore of ``buffer_size`` slots
+bounds how far it runs ahead. The parent waits on the pipe and on the child's exit
+sentinel together (``Child.receive``), so a child that dies, even by ``os._exit``, is
+reported at once instead of leaving the parent waiting for an item that never comes.
 
 ``run_pipeline_in_subprocess``, which keeps one child running a pipeline for every
-iteration of its result, is built on the same messages in ``_subprocess_pipeline.py``.
+iteration of its result, speaks the same wire in ``_subprocess_pipeline.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import pickle
-import traceback
 from collections.abc import Callable, Iterable, Iterator
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-__all__ = ["ITEM", "END", "ERROR", "SubprocessError", "iterate_in_subprocess"]
+from .._procwire import (
+    Child,
+    ChildGone,
+    End,
+    Failed,
+    Items,
+    PortableError,
+    pickle_error,
+    send,
+)
+
+__all__ = ["SubprocessError", "check_picklable", "child_error", "iterate_in_subprocess"]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
 T = TypeVar("T")
 
-ITEM, END, ERROR = 0, 1, 2  # the tag of each message from a child
-
 
 class SubprocessError(RuntimeError):
     """The child process died, or raised an error that could not be sent back."""
+
+
+def check_picklable(caller: str, what: str, obj: Any, hint: str) -> None:
+    """``TypeError`` naming ``what`` if ``obj`` cannot be pickled to reach the child."""
+    error = pickle_error(obj)
+    if error is not None:
+        raise TypeError(
+            f"{caller}: {what} cannot be pickled to send to the child process ({error}); {hint}"
+        ) from error
 
 
 def _child_main(
@@ -49,21 +65,16 @@ def _child_main(
                 slots.acquire()
                 if stop.is_set():
                     return
-                # Plain pickle (by value): multiprocessing's pickler would send a torch tensor
-                # as a handle to this process's memory, unreadable once this process exited.
-                conn.send_bytes(pickle.dumps((ITEM, item), pickle.HIGHEST_PROTOCOL))
+                send(conn, Items([item]))
         finally:
             close = getattr(items, "close", None)
             if close is not None:  # a generator's cleanup (a pipeline's stop) runs now
                 close()
-        conn.send((END, None))
+        send(conn, End())
     except BaseException as exc:  # report everything, KeyboardInterrupt included
         if stop.is_set():
             return
-        try:
-            conn.send((ERROR, exc))
-        except Exception:  # unpicklable exception: send its text instead
-            conn.send((ERROR, SubprocessError("".join(traceback.format_exception(exc)))))
+        send(conn, Failed(PortableError.of(exc)))
     finally:
         conn.close()
 
@@ -93,14 +104,9 @@ def iterate_in_subprocess(
             may not); it is joined all the same.
     """
     ctx = mp.get_context(mp_context)
+    hint = "use a module-level function or functools.partial"
     for what, obj in (("fn", fn), ("initializer", initializer)):
-        try:
-            pickle.dumps(obj)
-        except Exception as exc:
-            raise TypeError(
-                f"iterate_in_subprocess: {what}={obj!r} cannot be pickled to send to the child "
-                f"process ({exc}); use a module-level function or functools.partial"
-            ) from exc
+        check_picklable("iterate_in_subprocess", f"{what}={obj!r}", obj, hint)
     return _stream(ctx, fn, initializer, max(buffer_size, 1), timeout, daemon)
 
 
@@ -115,49 +121,45 @@ def _stream(
     reader, writer = ctx.Pipe(duplex=False)
     slots = ctx.Semaphore(buffer_size)
     stop = ctx.Event()
-    proc = ctx.Process(
-        target=_child_main,
-        args=(fn, initializer, writer, slots, stop),
-        daemon=daemon,
+    child = Child.start(
+        ctx,
+        _child_main,
+        (fn, initializer, writer, slots, stop),
         name="torch_spdl-subprocess",
+        daemon=daemon,
+        child_ends=[writer],
+        ends=[reader],
     )
-    proc.start()
-    writer.close()
     try:
         while True:
-            ready = wait([reader, proc.sentinel], timeout)
-            if not ready:
-                raise TimeoutError(f"no item arrived from the subprocess within {timeout} s")
-            if reader not in ready:  # exited without a word
-                proc.join()
-                raise SubprocessError(
-                    f"the subprocess (pid {proc.pid}) running {fn!r} exited unexpectedly "
-                    f"with code {proc.exitcode}"
-                )
             try:
-                tag, payload = reader.recv()
-            except EOFError:
-                proc.join()
-                raise SubprocessError(
-                    f"the subprocess (pid {proc.pid}) running {fn!r} closed its pipe and "
-                    f"exited with code {proc.exitcode}"
+                message = child.receive(reader, timeout)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no item arrived from the subprocess within {timeout} s"
                 ) from None
-            if tag == ITEM:
+            except ChildGone as gone:
+                how = "closed its pipe and exited" if gone.closed_pipe else "exited unexpectedly"
+                raise SubprocessError(
+                    f"the subprocess (pid {child.pid}) running {fn!r} {how} "
+                    f"with code {child.exitcode}"
+                ) from None
+            if isinstance(message, Items):
                 slots.release()
-                yield payload
-            elif tag == END:
+                yield from message.values
+            elif isinstance(message, End):
                 return
             else:
-                payload.add_note(f"torch_spdl: raised in the subprocess (pid {proc.pid})")
-                raise payload
+                raise child_error(message, child)
     finally:
         stop.set()
         slots.release()  # unblock a child waiting for a slot, so it sees `stop`
-        reader.close()
-        proc.join(timeout=10)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=10)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        child.close_pipes()
+        child.stop(10)
+
+
+def child_error(message: Failed, child: Child) -> BaseException:
+    """The child's error, rebuilt here and noted with where it was raised."""
+    error = message.error.rebuild("subprocess", SubprocessError)
+    error.add_note(f"torch_spdl: raised in the subprocess (pid {child.pid})")
+    return error

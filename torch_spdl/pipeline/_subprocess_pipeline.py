@@ -5,7 +5,10 @@ so its state carries over, a sampler counting its epochs keeps counting); the pa
 grants the child one credit per item it takes, and tags each run, so an iteration
 abandoned midway leaves nothing behind for the next. Executors cannot cross a process
 boundary: each user pool travels as a :class:`_PoolSpec` and the child makes an equal one.
-The messages and the error type are ``_subprocess.py``'s.
+The child's messages are the process wire's (``Items``, ``End``, ``Failed``, each tagged
+with its run; ``torch_spdl._procwire``), the parent's commands are typed here (:class:`Run`,
+:class:`Credit`, :class:`Abandon`, the wire's ``Stop``); the error type is
+``_subprocess.py``'s.
 
 Why this file is one piece (just over 400 lines): it is both ends of one protocol, the
 child's loop (:class:`_EpochChild`) and the parent's (:class:`_InSubprocess`), whose
@@ -19,26 +22,55 @@ import contextlib
 import dataclasses
 import logging
 import multiprocessing as mp
-import pickle
-import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from multiprocessing.connection import Connection, wait
-from typing import Any, TypeVar
+from multiprocessing.connection import Connection
+from typing import Any, NamedTuple, TypeVar
 
+from .._procwire import (
+    Child,
+    ChildGone,
+    End,
+    Failed,
+    Items,
+    PortableError,
+    Stop,
+    receive,
+    send,
+)
 from ._builder import PipelineBuilder
 from ._declare.config import BuildOptions, PipeConfig, PipelineSpec
 from ._plugins.priority import PriorityExecutorEntrypoint
 from ._run.assemble import build
-from ._subprocess import END, ERROR, ITEM, SubprocessError
+from ._subprocess import SubprocessError, check_picklable, child_error
 
 __all__ = ["run_pipeline_in_subprocess"]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
 T = TypeVar("T")
+
+
+class Run(NamedTuple):
+    """Run the pipeline once, as run ``run``; the parent grants ``credits`` items first."""
+
+    run: int
+    credits: int
+
+
+class Credit(NamedTuple):
+    """The parent took an item: the child may send one more."""
+
+
+class Abandon(NamedTuple):
+    """The parent stopped iterating run ``run``: the child ends it."""
+
+    run: int
+
+
+Command = Run | Credit | Abandon | Stop
 
 
 class _PoolSpec:
@@ -106,11 +138,11 @@ def _child_pools(config: PipelineSpec) -> tuple[PipelineSpec, list[Executor]]:
 class _EpochChild:
     """The child of ``run_pipeline_in_subprocess``: one process for every iteration.
 
-    It waits for commands on ``cmd``: ``("run", epoch)`` builds a fresh pipeline from the
+    It waits for commands on ``cmd``: :class:`Run` builds a fresh pipeline from the
     config (its pools made once and reused; a continuous one is built once and yields one
-    epoch per run) and streams its items back tagged with ``epoch``, as many as the parent
-    has granted credits for (one ``("credit",)`` per item it took); ``("abandon", epoch)``
-    ends that run early (the parent stopped iterating); ``("stop",)`` or a closed pipe ends
+    epoch per run) and streams its items back tagged with the run, as many as the parent
+    has granted credits for (one :class:`Credit` per item it took); :class:`Abandon`
+    ends that run early (the parent stopped iterating); ``Stop`` or a closed pipe ends
     the child. The source object lives here across runs, so a source with its own epoch
     counter or shuffle state keeps advancing, as it would in one process.
     """
@@ -131,15 +163,15 @@ class _EpochChild:
             credits = 0
             while True:
                 try:
-                    msg = cmd.recv()
+                    msg: Command = receive(cmd)
                 except EOFError:
                     return  # the parent is gone
-                if msg[0] == "stop":
+                if isinstance(msg, Stop):
                     return
-                if msg[0] != "run":
+                if not isinstance(msg, Run):
                     continue  # a credit or an abandon of a run already over
-                epoch = msg[1]
-                credits = msg[2]
+                epoch = msg.run
+                credits = msg.credits
                 if config.continuous:
                     if continuous is None:
                         continuous = build(config, self.options)
@@ -156,14 +188,14 @@ class _EpochChild:
                         pipeline.stop()  # raises the failure, if any
                     elif continuous._runtime.failure is not None:  # noqa: SLF001
                         continuous.stop()
-                    out.send_bytes(pickle.dumps((END, epoch, None), pickle.HIGHEST_PROTOCOL))
+                    send(out, End(epoch))
                 except _Quit:
                     return
                 except _Abandoned:
                     if pipeline is not None:
                         with contextlib.suppress(Exception):
                             pipeline.stop()
-                    out.send_bytes(pickle.dumps((END, epoch, None), pickle.HIGHEST_PROTOCOL))
+                    send(out, End(epoch))
                 except Exception as exc:
                     if pipeline is not None:
                         with contextlib.suppress(Exception):
@@ -183,25 +215,24 @@ class _EpochChild:
     def _run(
         stream: Iterator[Any], cmd: Connection, out: Connection, epoch: int, credits: int
     ) -> int:
-        def handle(msg: tuple[Any, ...]) -> int:
-            if msg[0] == "credit":
+        def handle(msg: Command) -> int:
+            if isinstance(msg, Credit):
                 return 1
-            if msg[0] == "stop":
+            if isinstance(msg, Stop):
                 raise _Quit
-            if msg[0] == "abandon" and msg[1] == epoch:
+            if isinstance(msg, Abandon) and msg.run == epoch:
                 raise _Abandoned
             return 0
 
         for item in stream:
             while cmd.poll():
-                credits += handle(cmd.recv())
+                credits += handle(receive(cmd))
             while credits <= 0:
                 try:
-                    credits += handle(cmd.recv())
+                    credits += handle(receive(cmd))
                 except EOFError:
                     raise _Quit from None
-            # plain pickle (by value), as in iterate_in_subprocess
-            out.send_bytes(pickle.dumps((ITEM, epoch, item), pickle.HIGHEST_PROTOCOL))
+            send(out, Items([item], epoch))  # by value, as the wire's pickle is
             credits -= 1
         return credits
 
@@ -214,12 +245,8 @@ class _Abandoned(Exception):
     pass
 
 
-def _send_error(out: Connection, epoch: int, exc: BaseException) -> None:
-    try:
-        out.send_bytes(pickle.dumps((ERROR, epoch, exc), pickle.HIGHEST_PROTOCOL))
-    except Exception:  # unpicklable exception: send its text instead
-        text = SubprocessError("".join(traceback.format_exception(exc)))
-        out.send_bytes(pickle.dumps((ERROR, epoch, text), pickle.HIGHEST_PROTOCOL))
+def _send_error(out: Connection, epoch: int | None, exc: BaseException) -> None:
+    send(out, Failed(PortableError.of(exc), epoch))
 
 
 def _epoch_child_main(
@@ -232,7 +259,7 @@ def _epoch_child_main(
         child(cmd, out, initializer)
     except BaseException as exc:  # initializer or pool creation failed: report it
         with contextlib.suppress(Exception):
-            _send_error(out, -1, exc)
+            _send_error(out, None, exc)  # no run's: the child itself failed
 
 
 class _ChildHandle:
@@ -240,30 +267,23 @@ class _ChildHandle:
 
     def __init__(self, ctx: Any, child: _EpochChild, initializer: Any, daemon: bool) -> None:
         self.cmd, cmd_child = ctx.Pipe(duplex=False)[::-1]
-        out_reader, out_writer = ctx.Pipe(duplex=False)
-        self.out = out_reader
-        self.proc = ctx.Process(
-            target=_epoch_child_main,
-            args=(child, cmd_child, out_writer, initializer),
-            daemon=daemon,
+        self.out, out_writer = ctx.Pipe(duplex=False)
+        self.child = Child.start(
+            ctx,
+            _epoch_child_main,
+            (child, cmd_child, out_writer, initializer),
             name="torch_spdl-pipeline-subprocess",
+            daemon=daemon,
+            child_ends=[cmd_child, out_writer],
+            ends=[self.cmd, self.out],
         )
-        self.proc.start()
-        cmd_child.close()
-        out_writer.close()
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.cmd.send(("stop",))
+            send(self.cmd, Stop())
         self.cmd.close()
-        self.proc.join(timeout=30)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join(timeout=10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
-        self.out.close()
+        self.child.stop(30)
+        self.child.close_pipes()
 
 
 class _InSubprocess(Iterable[T]):
@@ -292,10 +312,9 @@ class _InSubprocess(Iterable[T]):
             return  # no iteration waits: the child (and the source's state) stays
         self._stopping = True
         with contextlib.suppress(Exception):
-            handle.cmd.send(("stop",))
-        handle.proc.join(timeout=2)
-        if handle.proc.is_alive():
-            handle.proc.terminate()
+            send(handle.cmd, Stop())
+        handle.child.join(timeout=2)
+        handle.child.terminate()
 
     def close(self) -> None:
         """Stop and join the child process (the next iteration starts a new one)."""
@@ -309,7 +328,7 @@ class _InSubprocess(Iterable[T]):
                 "run_pipeline_in_subprocess: the previous iteration is still open; finish "
                 "or close it before iterating again (they share one child process)"
             )
-        if self._handle is None or not self._handle.proc.is_alive():
+        if self._handle is None or not self._handle.child.is_alive():
             self.close()
             self._stopping = False
             self._handle = _ChildHandle(self._ctx, self._child, self._initializer, self._daemon)
@@ -319,47 +338,39 @@ class _InSubprocess(Iterable[T]):
 
     def _iterate(self, handle: _ChildHandle, epoch: int) -> Iterator[T]:
         self._busy = True
-        handle.cmd.send(("run", epoch, self._buffer_size))
-        proc = handle.proc
+        send(handle.cmd, Run(epoch, self._buffer_size))
+        child = handle.child
         try:
             while True:
-                ready = wait([handle.out, proc.sentinel], self._timeout)
-                if not ready:
+                try:
+                    message = child.receive(handle.out, self._timeout)
+                except TimeoutError:
                     raise TimeoutError(
                         f"no item arrived from the subprocess within {self._timeout} s"
-                    )
-                if handle.out not in ready:
-                    proc.join()
-                    if self._stopping:
-                        return
-                    raise SubprocessError(
-                        f"the pipeline's subprocess (pid {proc.pid}) exited unexpectedly "
-                        f"with code {proc.exitcode}"
-                    )
-                try:
-                    tag, got_epoch, payload = pickle.loads(handle.out.recv_bytes())
-                except EOFError:
-                    proc.join()
-                    if self._stopping:
-                        return
-                    raise SubprocessError(
-                        f"the pipeline's subprocess (pid {proc.pid}) closed its pipe and "
-                        f"exited with code {proc.exitcode}"
                     ) from None
-                if got_epoch not in (epoch, -1):
+                except ChildGone as gone:
+                    if self._stopping:
+                        return
+                    how = (
+                        "closed its pipe and exited" if gone.closed_pipe else "exited unexpectedly"
+                    )
+                    raise SubprocessError(
+                        f"the pipeline's subprocess (pid {child.pid}) {how} "
+                        f"with code {child.exitcode}"
+                    ) from None
+                if message.run is not None and message.run != epoch:
                     continue  # what an abandoned iteration still had in flight
-                if tag == ITEM:
+                if isinstance(message, Items):
                     with contextlib.suppress(OSError):  # a dead child is reported next wait
-                        handle.cmd.send(("credit",))
-                    yield payload
-                elif tag == END:
+                        send(handle.cmd, Credit())
+                    yield from message.values
+                elif isinstance(message, End):
                     return
                 else:
-                    payload.add_note(f"torch_spdl: raised in the subprocess (pid {proc.pid})")
-                    raise payload
+                    raise child_error(message, child)
         except GeneratorExit:  # the consumer stopped early: the child drops this run
             with contextlib.suppress(Exception):
-                handle.cmd.send(("abandon", epoch))
+                send(handle.cmd, Abandon(epoch))
             raise
         except BaseException:
             # a failed run: stop the child now (the error may be kept, and with it this
@@ -421,12 +432,7 @@ def run_pipeline_in_subprocess(
         timeout=timeout,
         daemon=not has_process_pool,  # a daemonic child may not start the pool's processes
     )
+    hint = "use module-level functions and picklable sources"
     for what, obj in (("the pipeline", child), ("initializer", initializer)):
-        try:
-            pickle.dumps(obj)
-        except Exception as exc:
-            raise TypeError(
-                f"run_pipeline_in_subprocess: {what} cannot be pickled to send to the child "
-                f"process ({exc}); use module-level functions and picklable sources"
-            ) from exc
+        check_picklable("run_pipeline_in_subprocess", what, obj, hint)
     return _InSubprocess(child, kwargs)

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["OpKind", "classify_op", "op_name", "call_to_list", "call_each"]
+__all__ = ["OpKind", "classify_op", "op_name", "call_to_list"]
 
 
 class OpKind(enum.Enum):
@@ -58,18 +58,6 @@ def op_name(op: Any) -> str:
     if name is None:
         name = type(target).__name__
     return name.replace("<locals>.", "")
-
-
-def call_each(op: Callable[[Any], Any], items: list[Any]) -> list[tuple[bool, Any]]:
-    """Run ``op`` on each item of a chunk (in a worker process): ``(True, result)`` or
-    ``(False, exception)`` for each, so that one bad item fails alone."""
-    results: list[tuple[bool, Any]] = []
-    for item in items:
-        try:
-            results.append((True, op(item)))
-        except Exception as exc:
-            results.append((False, exc))
-    return results
 
 
 def call_to_list(op: Callable[[Any], Iterable[Any]], item: Any) -> list[Any]:

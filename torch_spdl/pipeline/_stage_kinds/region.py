@@ -14,7 +14,8 @@ How one region runs (:class:`RegionStage`, one node of the outer pipeline):
   reads the chunks its pipe brings.
 - Per worker, a *feeder* thread takes the items waiting in the region's input queue (up
   to :data:`CHUNK` at a time: the first one blocking, the rest only if already there) and
-  sends them as one pickled message; a *receiver* thread puts the worker's results, which
+  sends them as one pickled message (the process wire's ``Items``; ``End`` closes the
+  input); a *receiver* thread puts the worker's results, which
   come in chunks of what its sink held, on the region's output. All feeders pull from one
   queue, so a busy worker simply takes less. How far a feeder runs ahead of its worker is
   bounded by the pipe's buffer (the worker reads only as its first queue has room).
@@ -23,24 +24,37 @@ How one region runs (:class:`RegionStage`, one node of the outer pipeline):
   worker whose pipeline fails sends its ``PipelineFailure`` (the original exception
   types, with notes naming the stage and the item) and the region fails the pipeline
   with it, noted with the worker's number and pid. A worker that dies (killed, crashed)
-  is reported at once as a ``RuntimeError`` naming it and its exit code: its pipe closes,
-  so nothing waits for it.
+  is reported at once as a ``RuntimeError`` naming it and its exit code: its receiver
+  waits on its pipe and its exit together, so nothing waits for it.
 - Shutdown: at the end of the stream each worker receives an end mark, drains, reports
   and exits, and is joined; ``stop()`` terminates and joins the workers still running.
   No shared memory is used, so none can be left behind.
+
+The messages, the errors that cross, and the start and stop of a worker are the process
+wire's (``torch_spdl._procwire``).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pickle
 import sys
-import traceback
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
+from ..._procwire import (
+    Child,
+    ChildGone,
+    End,
+    Failed,
+    Items,
+    PortableError,
+    dumps,
+    pickle_error,
+    receive,
+    send,
+)
 from .._core.errors import PipelineFailure, describe_item
 from .._core.stats import Counters
 from .._declare.config import BuildOptions
@@ -56,7 +70,6 @@ __all__ = ["CHUNK", "RegionBuild", "RegionStage"]
 _LG = logging.getLogger("torch_spdl.pipeline")
 
 CHUNK = 64  # most items in one message, either way
-_ITEMS, _END, _ERROR = 0, 1, 2
 
 # How a worker builds the region's stages into a pipeline of its own: ``build(source,
 # stages, options)`` with the build options of the outer pipeline. The build module passes
@@ -75,26 +88,12 @@ class _PipeSource:
     def __iter__(self) -> Iterator[Any]:
         while True:
             try:
-                chunk = pickle.loads(self.conn.recv_bytes())
+                message = receive(self.conn)
             except EOFError:  # the parent is gone or stopping
                 return
-            if chunk is None:  # the end of the region's input
+            if not isinstance(message, Items):  # End: the end of the region's input
                 return
-            yield from chunk
-
-
-def _send(conn: Connection, message: Any) -> None:
-    conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
-
-
-def _portable_error(exc: BaseException) -> BaseException:
-    """``exc`` if it pickles, else a RuntimeError carrying its type and traceback."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-        return exc
-    except Exception:
-        text = "".join(traceback.format_exception(exc))
-        return RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}\n{text}")
+            yield from message.values
 
 
 def _worker_main(
@@ -125,20 +124,20 @@ def _worker_main(
                     if more is EOF:
                         break
                     chunk.append(more)
-                _send(outbox, (_ITEMS, chunk))
+                send(outbox, Items(chunk))
                 if more is EOF:
                     break
         except ChannelAborted:
             pass
         failed = sum(s.num_failed for s in pipeline.get_stats())
         pipeline.stop()  # raises the pipeline's failure
-        _send(outbox, (_END, failed))
+        send(outbox, End(failed=failed))
     except (BrokenPipeError, EOFError):  # the parent is gone: nobody to tell
         code = 1
     except BaseException as exc:
         code = 1
         try:
-            _send(outbox, (_ERROR, _portable_error(exc)))
+            send(outbox, Failed(PortableError.of(exc)))
         except Exception:
             pass
     finally:
@@ -151,14 +150,14 @@ def _worker_main(
 
 # -- the parent's side -------------------------------------------------------------------
 class _Worker:
-    def __init__(self, index: int, process: Any, to_worker: Connection, results: Connection):
+    def __init__(self, index: int, child: Child, to_worker: Connection, results: Connection):
         self.index = index
-        self.process = process
+        self.child = child
         self.to_worker = to_worker
         self.results = results
 
     def describe(self) -> str:
-        return f"region worker {self.index} (pid {self.process.pid})"
+        return f"region worker {self.index} (pid {self.child.pid})"
 
 
 class RegionStage(Node):
@@ -192,24 +191,14 @@ class RegionStage(Node):
         for i in range(self.num):
             to_worker_r, to_worker_w = ctx.Pipe(duplex=False)
             results_r, results_w = ctx.Pipe(duplex=False)
-            process = ctx.Process(
-                target=_worker_main,
-                args=(
-                    self.build,
-                    i,
-                    self.stages,
-                    self.options,
-                    self.config,
-                    to_worker_r,
-                    results_w,
-                ),
+            child = Child.start(
+                ctx,
+                _worker_main,
+                (self.build, i, self.stages, self.options, self.config, to_worker_r, results_w),
                 name=f"torch_spdl-region-{i}",
-                daemon=True,
-            )
-            process.start()
-            to_worker_r.close()
-            results_w.close()
-            worker = _Worker(i, process, to_worker_w, results_r)
+                child_ends=[to_worker_r, results_w],
+            )  # its feeder and its receiver close the parent's ends of its pipes
+            worker = _Worker(i, child, to_worker_w, results_r)
             self._workers.append(worker)
         super().launch(runtime)
 
@@ -234,11 +223,11 @@ class RegionStage(Node):
                         item = EOF
                         break
                     chunk.append(more)
-                conn.send_bytes(self._pickled(chunk))
+                conn.send_bytes(self._pickled(Items(chunk)))
                 counters.num_in += len(chunk)
                 if item is EOF:
                     break
-            conn.send_bytes(pickle.dumps(None))  # the end of the input: drain and report
+            send(conn, End())  # the end of the input: drain and report
         except (ChannelAborted, BrokenPipeError, OSError):
             pass  # stopping, or the worker died (its receiver reports that)
         except TypeError as exc:  # an item that cannot be pickled
@@ -246,14 +235,12 @@ class RegionStage(Node):
         finally:
             conn.close()
 
-    def _pickled(self, chunk: list[Any]) -> bytes:
+    def _pickled(self, message: Items) -> bytes:
         try:
-            return pickle.dumps(chunk, pickle.HIGHEST_PROTOCOL)
+            return dumps(message)
         except Exception as exc:
-            for item in chunk:  # name the item that cannot cross
-                try:
-                    pickle.dumps(item, pickle.HIGHEST_PROTOCOL)
-                except Exception:
+            for item in message.values:  # name the item that cannot cross
+                if pickle_error(item) is not None:
                     raise TypeError(
                         f"stage {self.name!r} runs in worker processes, and item "
                         f"{describe_item(item)} cannot be pickled to reach them: {exc}"
@@ -264,54 +251,52 @@ class RegionStage(Node):
         put = self.outbox.put
         try:
             while True:
-                try:
-                    tag, payload = pickle.loads(worker.results.recv_bytes())
-                except (EOFError, OSError):
+                try:  # on the pipe and the worker's exit together
+                    message = worker.child.receive(worker.results, None)
+                except (ChildGone, OSError):
                     if not self._stopping:
                         self._died(worker)
                     return
-                if tag == _ITEMS:
-                    for item in payload:
+                if isinstance(message, Items):
+                    for item in message.values:
                         put(item)
-                    counters.num_out += len(payload)
-                elif tag == _END:
+                    counters.num_out += len(message.values)
+                elif isinstance(message, End):
                     with self._lock:
-                        self._num_failed += payload
-                    worker.process.join(timeout=30)
+                        self._num_failed += message.failed
+                    worker.child.join(timeout=30)
                     return
                 else:
-                    if isinstance(payload, PipelineFailure) and len(payload.exceptions) == 1:
-                        payload = payload.exceptions[0]  # the stage's error, with its notes
-                    payload.add_note(f"torch_spdl: raised in {worker.describe()} of {self.name!r}")
-                    self.fail(payload)
+                    self.fail(self._raised_in(worker, message))
                     return
         finally:
             worker.results.close()
 
+    def _raised_in(self, worker: _Worker, message: Failed) -> BaseException:
+        error = message.error.rebuild(worker.describe())
+        if isinstance(error, PipelineFailure) and len(error.exceptions) == 1:
+            error = error.exceptions[0]  # the stage's error, with its notes
+        error.add_note(f"torch_spdl: raised in {worker.describe()} of {self.name!r}")
+        return error
+
     def _died(self, worker: _Worker) -> None:
-        process = worker.process
-        process.join(timeout=5)
+        worker.child.join(timeout=5)
         error = RuntimeError(
             f"{worker.describe()} of stage {self.name!r} exited unexpectedly with code "
-            f"{process.exitcode}; the items it held are lost"
+            f"{worker.child.exitcode}; the items it held are lost"
         )
         self.fail(error)
 
     def on_stop(self) -> None:
         self._stopping = True
         for worker in self._workers:
-            if worker.process.is_alive():
-                worker.process.terminate()
+            worker.child.terminate()
         for worker in self._workers:
-            worker.process.join(timeout=5)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join()
+            worker.child.stop(5, kill_at_once=True)
 
     def unblock_workers(self) -> None:
         # a region that failed stops its workers now: their feeders and receivers then
         # see closed pipes and leave, and no process outlives the failure
         self._stopping = True
         for worker in self._workers:
-            if worker.process.is_alive():
-                worker.process.terminate()
+            worker.child.terminate()

@@ -9,12 +9,13 @@ order, the general loop runs instead: each worker hands its item to the executor
 waits, so the executor does the work while ``concurrency`` bounds how many items are in
 flight, and the outputs wait for their turn.
 
-With a ``ProcessPoolExecutor`` a round trip costs hundreds of microseconds and a pickle
-each way, more than a small op itself: a worker then sends the items already waiting in its
-input queue together, as one task (``call_each``), as many as make a task of about
-:data:`CHUNK_S` by the time measured so far (at most :data:`MAX_CHUNK`), and the results
-come back as one list. A slow op gets chunks of one item, as before; a failing item fails
-alone. (Not with hooks, tracing or ``concurrency="auto"``, which count items one by one.)
+With a ``ProcessPoolExecutor`` a round trip costs hundreds of microseconds and a pickle each
+way, more than a small op itself: a worker then sends the items already waiting in its input
+queue together, as one task (the process wire's ``call_each``), as many as make a task of
+about :data:`CHUNK_S` by the time measured so far (at most :data:`MAX_CHUNK`), and the
+results come back as one message (``Outcomes``). A slow op gets chunks of one item, as
+before; a failing item fails alone. (Not with hooks, tracing or ``concurrency="auto"``,
+which count items one by one.)
 
 An autotuned stage (``concurrency="auto"``) starts its workers lazily, as the autotuner
 raises the limit, and parks the workers above the limit on a condition variable (no
@@ -31,8 +32,9 @@ from concurrent.futures import BrokenExecutor, Executor, ProcessPoolExecutor
 from functools import partial
 from typing import Any
 
+from ..._procwire import Outcomes, call_each
 from .._core.stats import Counters
-from .._declare.ops import OpKind, call_each, call_to_list
+from .._declare.ops import OpKind, call_to_list
 from .._plugins.hooks import hooked_sync
 from .._wire.channel import EMPTY, EOF, ChannelAborted
 from .node import start_worker
@@ -212,17 +214,14 @@ class ThreadStage(OpStage):
                 self._executor_broken(exc)
                 return
             except Exception as exc:  # the chunk did not cross (an item that does not pickle)
-                results = [(False, exc)] * len(items)
+                results = Outcomes.not_sent(items, exc)
             elapsed = clock() - t0
             counters.op_time += elapsed
             now = elapsed / len(items)
             per_item = now if per_item is None else 0.8 * per_item + 0.2 * now
-            outs: list[Any] = []
-            for item, (ok, value) in zip(items, results, strict=True):
-                if ok:
-                    _append(outs, value)
-                else:
-                    self.record_failure(item, value)
+            for i, error in results.errors.items():
+                self.record_failure(items[i], error)
+            outs = [value for value in results.values if value is not None]
             self._emit(seq if ordered else None, outs, counters)
 
     def _take_chunk(self, get: Callable[[], Any], limit: int) -> list[Any]:

@@ -1,10 +1,10 @@
 """Which worker arena holds which batch, and when an arena is free again.
 
-A batch from a worker process reaches the training loop without a copy: its tensors view
-the shared arena the worker wrote them into (``_shared_batch``). The arena is therefore busy
+A batch from a worker process reaches the training loop without a copy: its tensors view the
+shared arena the worker wrote them into (``_shared_batch``). The arena is therefore busy
 from the moment a batch is sent to a worker until the last tensor viewing it is freed, which
-may be long after the loop moved on (a tensor kept in a list of outputs). ``Leases`` keeps
-that account for all the workers of a loader together:
+may be long after the loop moved on (a tensor kept in a list of outputs). ``ArenaLeases``
+keeps that account for all the workers of a loader together:
 
 - There are ``bound + allowance`` arenas. ``bound`` is torch's ``prefetch_factor *
   num_workers``: as under torch, no more batches than that are loading or waiting to be
@@ -36,13 +36,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-__all__ = ["NO_ARENA", "Leases"]
+__all__ = ["NO_ARENA", "ArenaLeases"]
 
 NO_ARENA = -1
-"""What :meth:`Leases.take` returns when the batch should go without an arena."""
+"""What :meth:`ArenaLeases.take` returns when the batch should go without an arena."""
 
 
-class Leases:
+class ArenaLeases:
     """The free arenas of a loader's workers, and which batch each busy one holds."""
 
     def __init__(self, bound: int, allowance: int, warm: int, cool: Callable[[int], None]) -> None:

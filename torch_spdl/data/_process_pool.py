@@ -7,7 +7,7 @@ each way. So a worker here does what torch's worker does: it takes a batch of in
 after a staged dataset's I/O stage ran on threads, a batch of loaded values), runs
 ``__getitem__`` (or ``__getitems__``, or the remaining stages) on each, collates the batch
 itself and hands it back through a shared-memory arena (:mod:`._shared_batch`), which the
-batch then views until it is freed (:mod:`._leases`). Only the indices and the batch's
+batch then views until it is freed (:mod:`._arena_leases`). Only the indices and the batch's
 small metadata are pickled.
 
 Batch ``b`` goes to worker ``b % num_workers`` and each worker runs its batches in order, as
@@ -18,29 +18,29 @@ The workers are forked (the default on Linux, as with torch), so the dataset is 
 pickled; they are forked when the pool is made, by the thread that iterates the loader,
 before the epoch's pipeline starts any thread. A fork copies only the calling thread, and
 the child runs nothing but the dataset, the collate function and the loop of
-:mod:`._process_worker_main`, so a lock held by another thread at that moment (one of
+:mod:`._process_child`, so a lock held by another thread at that moment (one of
 another pipeline's, say) is never needed in the child. Each child closes the pipes of its
 siblings, so that its parent's death reaches it as the end of its pipe; the arenas are the
 loader's and any worker may write a batch into any of them.
 
-Results are read by one wait on every worker's pipe and on every worker's exit at once: a
-worker that dies (killed, ``os._exit``, a crash in C) fails the batches it held with an
-error that names it, instead of leaving the loader waiting. That wait runs on a receiver
-thread of the loader's process when the batches feed a pipeline, or, with
-``receiver=False``, in the thread that asks for a batch (:meth:`ProcessWorkers.result`), as
-torch's loader reads its workers' results inside ``next()``: a background thread that
-wakes each time a batch arrives takes a core from the training step that runs meanwhile
-(measured on 2 cores with a small CNN training on 256 path strings a batch: 24k samples/s
-with the receiving and settling threads, 28k without them).
+Results are read by one wait on every worker's pipe and on every worker's exit at once (the
+process wire's ``Watch``, ``torch_spdl._procwire``): a worker that dies (killed,
+``os._exit``, a crash in C) fails the batches it held with an error that names it, instead
+of leaving the loader waiting. That wait runs on a receiver thread of the loader's process
+when the batches feed a pipeline, or, with ``receiver=False``, in the thread that asks for a
+batch (:meth:`ProcessWorkers.result`), as torch's loader reads its workers' results inside
+``next()``: a background thread that wakes each time a batch arrives takes a core from the
+training step that runs meanwhile (measured on 2 cores with a small CNN training on 256 path
+strings a batch: 24k samples/s with the receiving and settling threads, 28k without them).
 
-Tasks go the other way through one sender thread, as torch's index queue goes through its
-feeder thread, and not from the thread that submits them. A pipe write wakes the worker as
-"the writer is about to sleep", and Linux then queues the worker on the writer's core; but
-the training loop writes and goes on with its step, so the worker either waits for that core
-or takes it from the step while the other core idles. The sender sleeps right after its
-write. Measured on 2 cores, a step of 2 ms of Python then 8 ms waiting, 256 path strings a
-batch: 176 of 400 steps ran 1-2 ms late when the loop wrote the tasks itself, 0 of 400 through
-the sender (21.5k against 23.5k samples/s; torch 22.9k).
+Tasks go the other way through one sender thread (the wire's ``Sender``), as torch's index
+queue goes through its feeder thread, and not from the thread that submits them. A pipe
+write wakes the worker as "the writer is about to sleep", and Linux then queues the worker
+on the writer's core; but the training loop writes and goes on with its step, so the worker
+either waits for that core or takes it from the step while the other core idles. The sender
+sleeps right after its write. Measured on 2 cores, a step of 2 ms of Python then 8 ms
+waiting, 256 path strings a batch: 176 of 400 steps ran 1-2 ms late when the loop wrote the
+tasks itself, 0 of 400 through the sender (21.5k against 23.5k samples/s; torch 22.9k).
 """
 
 from __future__ import annotations
@@ -48,26 +48,32 @@ from __future__ import annotations
 import functools
 import itertools
 import multiprocessing as mp
-import pickle
-import queue
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from multiprocessing.connection import wait
 from typing import Any
 
+from .._procwire import Child, Sender, Stop, Watch, dumps, receive
+from ._arena_leases import NO_ARENA, ArenaLeases
 from ._fetch import Fetched
-from ._leases import NO_ARENA, Leases
-from ._process_worker_main import ITERATE, rebuild_error, worker_main
+from ._process_child import (
+    BatchWithErrors,
+    Exhausted,
+    InitFailed,
+    LoadBatch,
+    NextBatch,
+    Reply,
+    worker_main,
+)
 from ._shared_batch import Arena, load_batch
 
-__all__ = ["ITERATE", "ProcessWorkers", "WorkerFailure"]
+__all__ = ["ProcessWorkers", "WorkerFailure"]
 
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
 _HELD_BATCHES = 2  # arenas beyond the bound for the batches the training loop holds
-_WARM_ARENAS = 1  # arenas that keep their pages between batches (see _leases)
+_WARM_ARENAS = 1  # arenas that keep their pages between batches (see _arena_leases)
 
 
 class WorkerFailure(RuntimeError):
@@ -75,62 +81,15 @@ class WorkerFailure(RuntimeError):
 
 
 class _Worker:
-    __slots__ = (
-        "wid",
-        "process",
-        "tasks",
-        "results",
-        "child_ends",
-        "dead",
-        "exitcode",
-        "pid",
-    )
+    __slots__ = ("wid", "child", "tasks", "results", "child_ends", "dead")
 
     def __init__(self, wid: int) -> None:
         self.wid = wid
-        self.process: Any = None
+        self.child: Child = None  # type: ignore[assignment]  # once started
         task_r, self.tasks = mp.Pipe(duplex=False)
         self.results, result_w = mp.Pipe(duplex=False)
         self.child_ends = (task_r, result_w)
-        self.dead: WorkerFailure | None = None
-        self.exitcode: int | None = None  # kept when the process object is closed
-        self.pid: int | None = None
-
-
-class WorkerProcess:
-    """What torch's iterator shows of a worker process (its ``_workers``): ``pid``,
-    ``is_alive()``, ``join()``, ``exitcode``, ``terminate()``; still readable once the
-    loader has stopped the worker and closed its process object."""
-
-    def __init__(self, worker: _Worker) -> None:
-        self._worker = worker
-        self.pid = worker.pid
-
-    def _call(self, method: str, *args: Any) -> Any:
-        try:
-            return getattr(self._worker.process, method)(*args)
-        except ValueError:  # closed: the loader stopped and joined it
-            return None
-
-    @property
-    def exitcode(self) -> int | None:
-        if self._worker.exitcode is not None:
-            return self._worker.exitcode
-        try:
-            return self._worker.process.exitcode
-        except ValueError:
-            return self._worker.exitcode
-
-    def is_alive(self) -> bool:
-        return self.exitcode is None and bool(self._call("is_alive"))
-
-    def join(self, timeout: float | None = None) -> None:
-        if self.exitcode is None:
-            self._call("join", timeout)
-
-    def terminate(self) -> None:
-        if self.exitcode is None:
-            self._call("terminate")
+        self.dead: BaseException | None = None
 
 
 class ProcessWorkers:
@@ -178,7 +137,7 @@ class ProcessWorkers:
         # Neither holds `self`: the finalizers of batches the training loop keeps hold them.
         arenas: list[Arena] = []
         cool = functools.partial(_cool, arenas)
-        self._leases = Leases(in_flight * num_workers, _HELD_BATCHES, _WARM_ARENAS, cool)
+        self._leases = ArenaLeases(in_flight * num_workers, _HELD_BATCHES, _WARM_ARENAS, cool)
         arenas.extend(Arena() for _ in range(self._leases.count if shared else 0))
         self._arenas = arenas if shared else None
         self._closed = False
@@ -192,6 +151,7 @@ class ProcessWorkers:
             auto_collation,
             iterable,
         )
+        self._watch: Watch[_Worker] = Watch(self._wake_r)
         for w in self._workers:
             # Every pipe end but this worker's own two (its parent's end of its task pipe
             # among them: held open in the child, the parent's death would go unnoticed).
@@ -202,26 +162,21 @@ class ProcessWorkers:
                 if o is not w
                 for end in (o.tasks, o.results, *o.child_ends)
             ]
-            w.process = ctx.Process(
-                target=worker_main,
-                args=(w.wid, config, stage_fns, *w.child_ends, self._arenas, others),
+            w.child = Child.start(
+                ctx,
+                worker_main,
+                (w.wid, config, stage_fns, *w.child_ends, self._arenas, others),
                 name=f"torch_spdl-worker-{w.wid}",
-                daemon=True,
+                ends=(w.tasks, w.results),
             )
-            w.process.start()
-            w.pid = w.process.pid
-        for w in self._workers:  # the parent keeps its own ends only
+            self._watch.add(w, w.results, w.child)
+        # The parent keeps its own ends only, once every worker started: a later worker
+        # gets the earlier ones' ends to close (pickled, with a start method other than fork).
+        for w in self._workers:
             for end in w.child_ends:
                 end.close()
-        self._conns: dict[Any, _Worker] = {w.results: w for w in self._workers}
-        self._sentinels: dict[Any, _Worker] = {w.process.sentinel: w for w in self._workers}
         self._pumping = threading.Lock()  # one reader of the pipes at a time
-        # (worker, task) to send, in order; None stops the sender (see the module's doc)
-        self._outbox: queue.SimpleQueue[tuple[_Worker, Any] | None] = queue.SimpleQueue()
-        self._sender = threading.Thread(
-            target=self._send, name="torch_spdl-worker-sender", daemon=True
-        )
-        self._sender.start()
+        self._sender = Sender("torch_spdl-worker-sender")  # see the module's doc
         self._receiver: threading.Thread | None = None
         if receiver:
             self._receiver = threading.Thread(
@@ -229,13 +184,9 @@ class ProcessWorkers:
             )
             self._receiver.start()
 
-    @property
-    def pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers]
-
-    def processes(self) -> list[WorkerProcess]:
-        """The worker processes, by worker id."""
-        return [WorkerProcess(w) for w in self._workers]
+    def processes(self) -> list[Child]:
+        """The worker processes, by worker id (what torch's iterator shows as ``_workers``)."""
+        return [w.child for w in self._workers]
 
     # -- the loader's side ----------------------------------------------------------------
     def submit(
@@ -245,10 +196,8 @@ class ProcessWorkers:
 
         Call it from one thread, in batch order: each worker runs its batches in the order
         they were sent, which keeps its random draws equal to those under torch.
-        ``values`` are the batch's indices (``split == -1``: ``__getitem__``) or the values
-        the first ``split`` stages made on threads; ``indices`` name failed samples. With
-        ``split == ITERATE`` the worker makes its iterable dataset's next batch of epoch
-        ``values`` (the future's result is None once that has ended)."""
+        ``values`` are the batch's indices (``split < 0``: ``__getitem__``) or the values
+        the first ``split`` stages made on threads; ``indices`` name failed samples."""
         worker = self._workers[b % self.num_workers if wid is None else wid]
         if worker.dead is not None:
             raise worker.dead
@@ -256,7 +205,7 @@ class ProcessWorkers:
             # Plain pickle, not multiprocessing's: a tensor travels by value, whatever its
             # storage (torch's reductions would try to share it: a file-backed storage,
             # as torchvision's read_file makes, fails there).
-            payload = pickle.dumps((values, indices), protocol=pickle.HIGHEST_PROTOCOL)
+            payload = dumps((values, indices))
         except Exception as exc:
             exc.add_note(
                 f"torch_spdl.DataLoader: batch {b} (sample indices {indices!r}) could not "
@@ -266,6 +215,23 @@ class ProcessWorkers:
             unsent: Future[Fetched | None] = Future()
             unsent.set_result(Fetched(samples=[], errors=[(-1, indices, exc)]))
             return unsent
+        first = split if split >= 0 else None
+        return self._send(b, worker, lambda task_id, slot: LoadBatch(task_id, slot, payload, first))
+
+    def next_batch(self, key: int, wid: int, epoch: int, state: Any) -> Future[Fetched | None]:
+        """Ask worker ``wid`` for its iterable dataset's next batch of ``epoch`` (restoring
+        ``state`` first, if not None); ``key`` names it for the arenas, as a batch number
+        does. The future's result is None once the worker's iterator has ended."""
+        worker = self._workers[wid]
+        if worker.dead is not None:
+            raise worker.dead
+        payload = dumps((epoch, state))
+        return self._send(key, worker, lambda task_id, slot: NextBatch(task_id, slot, payload))
+
+    def _send(
+        self, b: int, worker: _Worker, task: Callable[[int, int], LoadBatch | NextBatch]
+    ) -> Future[Fetched | None]:
+        """Send ``task(task_id, arena)`` to ``worker`` once an arena is free for batch ``b``."""
         slot: int | None = NO_ARENA
         if self._arenas is not None:
             slot = self._leases.take(b, block=self._receiver is not None)
@@ -280,7 +246,7 @@ class ProcessWorkers:
         if worker.dead is not None:  # it died while this batch waited for an arena
             self._fail_worker(worker, worker.dead)
             return future
-        self._outbox.put((worker, (task_id, slot, split, payload)))
+        self._sender.send(worker.tasks, task(task_id, slot))
         return future
 
     def result(self, future: Future[Fetched | None], timeout: float | None = None) -> Any:
@@ -323,35 +289,21 @@ class ProcessWorkers:
         self._leases.close()
         self.cancel_pending()
         for w in self._workers:
-            self._outbox.put((w, None))
-        self._outbox.put(None)
+            self._sender.send(w.tasks, Stop())
+        self._sender.finish()
         self._wake_w.send(None)
         if self._receiver is not None:
             self._receiver.join()
-        for w in self._workers:
-            w.process.join(_GRACE_S)
-            if w.process.is_alive():  # busy in user code, or stuck
-                w.process.kill()
-                w.process.join()
-            w.exitcode = w.process.exitcode
-            w.process.close()
+        for w in self._workers:  # a worker busy in user code, or stuck, is killed
+            w.child.stop(_GRACE_S, kill_at_once=True, release=True)
         # A write to a worker that was stuck with a full pipe failed when it was killed.
         self._sender.join()
         for w in self._workers:
-            for conn in (w.tasks, w.results):
-                conn.close()
+            w.child.close_pipes()
         for arena in self._arenas or ():
             arena.close()  # a batch still in use keeps its mapping until it is freed
         self._wake_r.close()
         self._wake_w.close()
-
-    def _send(self) -> None:
-        while (item := self._outbox.get()) is not None:
-            worker, task = item
-            try:
-                worker.tasks.send(task)
-            except (OSError, ValueError):
-                pass  # the worker is gone: its sentinel fails its batches with the reason
 
     # -- reading results (on the receiver thread, or in the thread that waits) -------------
     def _receive(self) -> None:
@@ -361,105 +313,94 @@ class ProcessWorkers:
     def _pump(self, timeout: float | None) -> bool:
         """Read what the workers sent, or learn that one died, waiting at most ``timeout``;
         False once the workers are being shut down."""
-        conns, sentinels = self._conns, self._sentinels
-        ready = wait([self._wake_r, *conns, *sentinels], timeout)
-        if self._wake_r in ready:
+        watch = self._watch
+        ready = watch.wait(timeout)
+        if ready is None:
             return False
-        for r in ready:
-            worker = conns.get(r)
-            if worker is not None:
-                try:
-                    self._settle(worker, worker.results.recv())
-                except (EOFError, OSError):
-                    del conns[r]  # exiting: its sentinel tells why
-        for r in ready:
-            worker = sentinels.pop(r, None)
-            if worker is None:
-                continue
-            while worker.results in conns and worker.results.poll():
+        for worker in ready.readable:
+            try:
+                self._settle(worker, receive(worker.results))
+            except (EOFError, OSError):
+                watch.forget(worker.results)  # exiting: its exit tells why
+        for worker in ready.exited:
+            while watch.watching(worker.results) and worker.results.poll():
                 try:  # what it sent before it exited
-                    self._settle(worker, worker.results.recv())
+                    self._settle(worker, receive(worker.results))
                 except (EOFError, OSError):
                     break
-            conns.pop(worker.results, None)
-            self._died(worker)
+            watch.forget(worker.results)
+            if not self._closed and worker.dead is None:
+                worker.child.join(_GRACE_S)
+                worker.dead = _died(worker)
+                self._fail_worker(worker, worker.dead)
         return True
 
-    def _settle(self, worker: _Worker, message: Any) -> None:
-        kind = message[0]
-        if kind == "init_error":
-            error = rebuild_error(message[1], message[2])
+    def _settle(self, worker: _Worker, reply: Reply) -> None:
+        if isinstance(reply, InitFailed):
+            error = reply.error.rebuild("worker process")
             error.add_note(f"torch_spdl.DataLoader: worker_init_fn failed in worker {worker.wid}")
-            worker.dead = error  # type: ignore[assignment]
+            worker.dead = error
             self._fail_worker(worker, error)
             return
-        task_id = message[1]
         with self._lock:
-            entry = self._pending.pop(task_id, None)
-            discarded = self._discarded.pop(task_id, None)
+            entry = self._pending.pop(reply.task_id, None)
+            discarded = self._discarded.pop(reply.task_id, None)
         if entry is None:  # a batch of an epoch that ended: its arena is free again
             if discarded is not None:
-                self._release(discarded)
+                self._leases.release(discarded)
             return
         future, _, slot = entry
         try:
-            outcome = self._outcome(worker, message, slot)
+            outcome = self._outcome(worker, reply, slot)
         except BaseException as exc:  # a batch that cannot be read back
-            self._release(slot)
+            self._leases.release(slot)
             exc.add_note(f"torch_spdl.DataLoader: reading a batch from worker {worker.wid}")
             future.set_exception(exc)
         else:
             future.set_result(outcome)
 
-    def _release(self, slot: int) -> None:
-        if slot != NO_ARENA:
+    def _outcome(self, worker: _Worker, reply: Reply, slot: int) -> Fetched | None:
+        if isinstance(reply, Exhausted):  # an iterable dataset's worker has no more batches
             self._leases.release(slot)
-
-    def _outcome(self, worker: _Worker, message: Any, slot: int) -> Fetched | None:
-        if message[0] == "end":  # an iterable dataset's worker has no more batches
-            self._release(slot)
             return None
-        kind, _, _, data, size, used = message[:6]
+        assert not isinstance(reply, InitFailed)
         arena = self._arenas[slot] if self._arenas is not None and slot != NO_ARENA else None
         release: Callable[[], None] = _nothing
         if arena is not None:  # the leases only: a batch the loop keeps keeps no workers
             release = functools.partial(self._leases.release, slot)
-            if used:
+            if reply.used:
                 self._leases.written(slot)
-        value = load_batch(data, arena, size, used, release)
-        if kind == "ok":
-            return Fetched(batch=value, state=message[6])
+        value = load_batch(reply.data, arena, reply.size, reply.used, release)
+        if not isinstance(reply, BatchWithErrors):
+            return Fetched(batch=value, state=reply.state)
         errors = []
-        for pos, index, exc_data, text in message[6]:
-            error = rebuild_error(exc_data, text)
+        for failed in reply.errors:
+            error = failed.error.rebuild("worker process")
             error.add_note(
-                f"torch_spdl.DataLoader: (in worker process {worker.wid}, pid {worker.process.pid})"
+                f"torch_spdl.DataLoader: (in worker process {worker.wid}, pid {worker.child.pid})"
             )
-            errors.append((pos, index, error))
+            errors.append((failed.pos, failed.index, error))
         return Fetched(samples=value, errors=errors)
-
-    def _died(self, worker: _Worker) -> None:
-        if self._closed or worker.dead is not None:
-            return
-        worker.process.join(_GRACE_S)
-        code = worker.process.exitcode
-        where = f"DataLoader worker (pid {worker.process.pid})"
-        if code is not None and code < 0:  # torch's wording, which scripts match
-            sig = signal.Signals(-code)
-            what = f"{where} is killed by signal: {signal.strsignal(sig)} ({sig.name})"
-        else:
-            what = f"{where} exited unexpectedly with exit code {code}"
-        error = WorkerFailure(f"{what}; it was worker process {worker.wid}")
-        worker.dead = error
-        self._fail_worker(worker, error)
 
     def _fail_worker(self, worker: _Worker, error: BaseException) -> None:
         with self._lock:
             mine = [k for k, (_, w, _) in self._pending.items() if w is worker]
             entries = [self._pending.pop(k) for k in mine]
         for future, _, slot in entries:  # a dead worker writes no arena any more
-            self._release(slot)
+            self._leases.release(slot)
             future.set_exception(error)
+
+
+def _died(worker: _Worker) -> WorkerFailure:
+    """The error for a worker that exited unexpectedly, in torch's words (scripts match them)."""
+    child = worker.child
+    where = f"DataLoader worker (pid {child.pid})"
+    sig = child.signal
+    if sig is not None:
+        what = f"{where} is killed by signal: {signal.strsignal(sig)} ({sig.name})"
+    else:
+        what = f"{where} exited unexpectedly with exit code {child.exitcode}"
+    return WorkerFailure(f"{what}; it was worker process {worker.wid}")
 
 
 def _cool(arenas: list[Arena], slot: int) -> None:
@@ -472,6 +413,3 @@ def _nothing() -> None:
 
 def _closed() -> RuntimeError:
     return RuntimeError("the DataLoader's worker processes were stopped")
-
-
-# -- the worker process ---------------------------------------------------------------------

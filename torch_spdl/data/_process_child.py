@@ -1,0 +1,230 @@
+"""What runs in a DataLoader worker process, and the messages between it and the loader.
+
+:mod:`._process_pool` (the loader's side) forks the workers; each runs :func:`worker_main`:
+it takes tasks from its pipe (:class:`LoadBatch`: a batch of indices, or of values the
+first stages made on threads; :class:`NextBatch`: an iterable dataset's next batch; the
+wire's ``Stop``), loads and collates the batch, writes it into a shared-memory arena and
+sends back the batch's small metadata (:class:`BatchWritten`), or the errors of its samples
+(:class:`BatchWithErrors`), each as the wire's ``PortableError``. The messages are typed as
+the process wire's are, and travel as its do (``torch_spdl._procwire``: plain pickle, by
+value); the values and a batch are pickled once more inside them (``payload``, ``data``),
+the values before they reach the sender thread, a batch by :func:`dump_batch`.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection
+from typing import Any, NamedTuple
+
+from .._procwire import PortableError, Stop, receive, send
+from ._arena_leases import NO_ARENA
+from ._collate import PlacingCollate, is_default_collate
+from ._fetch import Fetched, IterableFetcher, fetch_batch
+from ._libc import return_large_blocks
+from ._shared_batch import Arena, BatchSpace, dump_batch
+from ._worker_info import install_torch_worker_info, set_process_worker_info
+
+__all__ = [
+    "BatchWritten",
+    "Exhausted",
+    "InitFailed",
+    "LoadBatch",
+    "NextBatch",
+    "Reply",
+    "BatchWithErrors",
+    "Task",
+    "worker_main",
+]
+
+_WATCHDOG_S = 5.0  # how often an idle worker checks that the loader's process still lives
+
+
+# -- the loader to a worker -----------------------------------------------------------------
+class LoadBatch(NamedTuple):
+    """Load one batch: ``payload`` is the pickled ``(values, indices)``; the values are
+    indices for ``__getitem__`` (``first_stage`` None), or what the stages before
+    ``first_stage`` made on threads."""
+
+    task_id: int
+    slot: int  # the arena to write the batch into, or NO_ARENA
+    payload: bytes
+    first_stage: int | None
+
+
+class NextBatch(NamedTuple):
+    """An iterable dataset's next batch: ``payload`` is the pickled ``(epoch, state)``
+    (state: a stateful dataset's, to restore first, or None)."""
+
+    task_id: int
+    slot: int
+    payload: bytes
+
+
+Task = LoadBatch | NextBatch | Stop
+
+
+# -- a worker to the loader -----------------------------------------------------------------
+class BatchWritten(NamedTuple):
+    """A batch, as :func:`dump_batch` wrote it, and the dataset's state after it."""
+
+    task_id: int
+    slot: int
+    data: bytes
+    size: int  # the arena's size (it may have grown)
+    used: int  # bytes written into the arena
+    state: Any
+
+
+class SampleError(NamedTuple):
+    pos: int
+    index: Any
+    error: PortableError
+
+
+class BatchWithErrors(NamedTuple):
+    """The samples that loaded (written as a batch is) and the errors of those that did not."""
+
+    task_id: int
+    slot: int
+    data: bytes
+    size: int
+    used: int
+    errors: list[SampleError]
+
+
+class Exhausted(NamedTuple):
+    """An iterable dataset's worker has no more batches this epoch."""
+
+    task_id: int
+    slot: int
+
+
+class InitFailed(NamedTuple):
+    """The worker could not start (``worker_init_fn`` raised): it exits."""
+
+    error: PortableError
+
+
+Reply = BatchWritten | BatchWithErrors | Exhausted | InitFailed
+
+
+def worker_main(
+    wid: int,
+    config: tuple[Any, ...],
+    stage_fns: Callable[[Any, int], Sequence[Callable[[Any], Any]]] | None,
+    tasks: Connection,
+    results: Connection,
+    arenas: list[Arena] | None,
+    others: list[Connection],
+) -> None:
+    for conn in others:
+        conn.close()
+    # The parent's objects are never collected here: no finalizer of theirs runs in the
+    # child, and no collection writes to (and so copies) the pages they share with it.
+    gc.freeze()
+    return_large_blocks()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
+    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable = config
+    install_torch_worker_info()  # this process is the loader's: collate then sees no worker
+    try:
+        set_process_worker_info(wid, num_workers, base_seed, dataset)
+        if init_fn is not None:
+            init_fn(wid)
+    except Exception as exc:
+        send(results, InitFailed(PortableError.of(exc)))
+        os._exit(1)
+    steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
+    fetcher: IterableFetcher | None = None
+    parent = os.getppid()
+    while True:
+        try:
+            while not tasks.poll(_WATCHDOG_S):
+                if os.getppid() != parent:  # the loader's process is gone
+                    os._exit(0)
+            task: Task = receive(tasks)
+        except (EOFError, OSError):  # the loader's process is gone
+            break
+        if isinstance(task, Stop):
+            break
+        arena = arenas[task.slot] if arenas is not None and task.slot != NO_ARENA else None
+        if isinstance(task, NextBatch):
+            if fetcher is None:
+                assert iterable is not None, "an iterable task for a map-style worker"
+                per_batch, drop_last = iterable
+                fetcher = IterableFetcher(dataset, per_batch, drop_last, collate_fn, auto_collation)
+            epoch, state = pickle.loads(task.payload)
+            fetched = fetcher.next(epoch, state)
+            if fetched is None:
+                send(results, Exhausted(task.task_id, task.slot))
+            else:
+                send(results, _pack(fetched, task.task_id, task.slot, arena))
+            continue
+        values, indices = pickle.loads(task.payload)
+        first = task.first_stage
+        if first is not None and first not in steps_cache and stage_fns is not None:
+            steps_cache[first] = stage_fns(dataset, first)
+        steps = steps_cache.get(first) if first is not None else None
+        send(
+            results, _load(task, values, indices, dataset, steps, collate_fn, auto_collation, arena)
+        )
+    os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
+
+
+def _load(
+    task: LoadBatch,
+    values: list[Any],
+    indices: list[Any],
+    dataset: Any,
+    steps: Sequence[Callable[[Any], Any]] | None,
+    collate_fn: Callable[[Any], Any],
+    auto_collation: bool,
+    arena: Arena | None,
+) -> Reply:
+    space = None
+    if arena is not None and auto_collation and is_default_collate(collate_fn):
+        # torch's collate, stacking large tensors straight into the batch's arena: the
+        # batch is written once, where the loader reads it (no copy after collating)
+        space = BatchSpace(arena)
+        collate_fn = PlacingCollate(space.empty)
+    fetched = fetch_batch(dataset, values, indices, steps, collate_fn, auto_collation)
+    return _pack(fetched, task.task_id, task.slot, arena, space, indices)
+
+
+def _pack(
+    fetched: Fetched,
+    task_id: int,
+    slot: int,
+    arena: Arena | None,
+    space: BatchSpace | None = None,
+    indices: Any = None,
+) -> Reply:
+    """The reply for a batch: the batch, or, when what it holds does not pickle (a lock, a
+    generator, an open file), the error naming its samples, so that the loop sees the cause
+    and the worker goes on."""
+    try:
+        return _dump(fetched, task_id, slot, arena, space)
+    except Exception as exc:
+        what = "a batch" if indices is None else f"the batch of samples {indices!r}"
+        exc.add_note(
+            f"torch_spdl.DataLoader: {what} could not be sent back from its worker process: "
+            "what collate_fn returns must pickle"
+        )
+        return _dump(Fetched(samples=[], errors=[(-1, indices, exc)]), task_id, slot, arena)
+
+
+def _dump(
+    fetched: Fetched,
+    task_id: int,
+    slot: int,
+    arena: Arena | None,
+    space: BatchSpace | None = None,
+) -> Reply:
+    if fetched.errors is None:
+        return BatchWritten(task_id, slot, *dump_batch(fetched.batch, arena, space), fetched.state)
+    errors = [SampleError(pos, index, PortableError.of(exc)) for pos, index, exc in fetched.errors]
+    return BatchWithErrors(task_id, slot, *dump_batch(fetched.samples, arena), errors)
