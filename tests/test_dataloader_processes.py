@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 from _dl_helpers import (
     ProcessBadData,
     ProcessData,
@@ -93,3 +94,23 @@ def test_closing_before_the_first_batch_stops_the_worker_processes(in_order: boo
     epoch.close()
     assert not any(w.is_alive() for w in workers)
     assert all(w.exitcode is not None for w in workers)
+
+
+class _ImageStream(torch.utils.data.IterableDataset):
+    """Large per-worker image samples (a batch of 8 is 1.2 MB: stacked into the arena)."""
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        info = torch.utils.data.get_worker_info()
+        wid = 0 if info is None else info.id
+        for i in range(24):
+            image = torch.full((3, 224, 224), (wid * 31 + i) % 251, dtype=torch.uint8)
+            yield image, wid * 100 + i
+
+
+def test_iterable_image_batches_held_by_the_loop_match_torch() -> None:
+    """An ``IterableDataset``'s worker stacks large batches straight into the shared arena:
+    every batch, all held at once by the loop (so arenas cannot be reused under them),
+    equals torch's."""
+    ref = list(TorchDataLoader(_ImageStream(), batch_size=8, num_workers=2))
+    ours = list(DataLoader(_ImageStream(), batch_size=8, num_workers=2, worker_type="process"))
+    assert_same_batches(ours, ref)

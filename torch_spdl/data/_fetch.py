@@ -125,9 +125,13 @@ class IterableFetcher:
         self._ended = False
         self._stateful = is_stateful(dataset)
 
-    def next(self, epoch: Any, state: Any = None) -> Fetched | None:
+    def next(
+        self, epoch: Any, state: Any = None, *, collate_fn: Callable[[Any], Any] | None = None
+    ) -> Fetched | None:
         """The next batch of ``epoch``; None once the iterator has ended. ``state``, with
-        the first request of an epoch, is restored into a stateful dataset first."""
+        the first request of an epoch, is restored into a stateful dataset first.
+        ``collate_fn``: this batch's, in place of the fetcher's (the same function placing
+        its output elsewhere)."""
         if epoch != self._epoch:
             self._epoch, self._samples, self._ended = epoch, None, False
             if state is not None and self._stateful:
@@ -146,7 +150,8 @@ class IterableFetcher:
         state = self._dataset.state_dict() if self._stateful else None
         try:
             with hidden_worker_info():
-                return Fetched(batch=self._collate_fn(samples), state=state)
+                collate = self._collate_fn if collate_fn is None else collate_fn
+                return Fetched(batch=collate(samples), state=state)
         except Exception as exc:
             exc.add_note(f"{_WHO}: stage 'collate' failed on a batch of the IterableDataset")
             return Fetched(samples=[], errors=[(-1, None, exc)])
