@@ -135,7 +135,7 @@ class SendToWorkers:
     ran on threads, ``(b, [(index, value), ...])`` with ``split`` naming the first stage
     the worker runs."""
 
-    def __init__(self, workers: ProcessWorkers, split: int) -> None:
+    def __init__(self, workers: ProcessWorkers, split: int | None) -> None:
         self.workers = workers
         self.split = split
 
@@ -143,7 +143,7 @@ class SendToWorkers:
         b, payload = item
         if isinstance(payload, BatchError):
             return item
-        if self.split < 0:
+        if self.split is None:
             values, indices = payload, payload
         else:
             indices = [index for index, _ in payload]

@@ -158,7 +158,7 @@ class WorkerFeed:
             b, indices = item
             sent: Future[Fetched | None] | BatchError
             try:
-                sent = self._workers.submit(b, indices, -1, indices)
+                sent = self._workers.submit(b, indices, None, indices)
             except Exception as exc:  # the worker died or failed to start
                 sent = BatchError(exc.with_traceback(None), fatal=True)
             self._sent.append((b, sent))

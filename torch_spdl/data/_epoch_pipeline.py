@@ -101,7 +101,7 @@ class EpochParts:
             return batch_shape(d, plan.threads, batches, probe=self.probe, gate=self._gate)
         assert isinstance(loading, WorkerChoice), f"a map-style epoch needs a plan: {loading}"
         if loading.kind == "process":
-            return process_shape(d, *self._processes(), batches, split=-1)
+            return process_shape(d, *self._processes(), batches, split=None)
         if loading.per_batch:
             return batch_shape(d, loading.threads, batches)
         return sample_shape(d, loading.threads, batches)

@@ -167,12 +167,13 @@ def process_shape(
     stopper: StoppablePart,
     batches: Batches,
     *,
-    split: int,
+    split: int | None,
 ) -> Builder:
     """Batches loaded and collated in ``workers`` (whose ``stopper`` the pipeline shuts
-    down); with ``split >= 0`` the stages before it run per sample on threads first."""
+    down); with a ``split`` the stages before it run per sample on threads first (None: the
+    workers run ``__getitem__``)."""
     plan = d.plan
-    if split < 0:
+    if split is None:
         builder = Builder().add_source(batches)
     else:
         specs = _specs(d, None)[:split]
@@ -189,7 +190,7 @@ def process_shape(
         receive_from_workers,
         concurrency=1 if plan.in_order else in_flight,
         output_order=d.order,
-        name="getitem" if split < 0 else "process",
+        name="getitem" if split is None else "process",
     )
     return _settle(d, builder, plan.collate_fn, holding=in_flight)
 

@@ -190,13 +190,13 @@ class ProcessWorkers:
 
     # -- the loader's side ----------------------------------------------------------------
     def submit(
-        self, b: int, values: Any, split: int, indices: list[Any], wid: int | None = None
+        self, b: int, values: Any, split: int | None, indices: list[Any], wid: int | None = None
     ) -> Future[Fetched | None]:
         """Send batch ``b`` to worker ``b % num_workers`` (or ``wid``) once an arena is free.
 
         Call it from one thread, in batch order: each worker runs its batches in the order
         they were sent, which keeps its random draws equal to those under torch.
-        ``values`` are the batch's indices (``split < 0``: ``__getitem__``) or the values
+        ``values`` are the batch's indices (``split`` None: ``__getitem__``) or the values
         the first ``split`` stages made on threads; ``indices`` name failed samples."""
         worker = self._workers[b % self.num_workers if wid is None else wid]
         if worker.dead is not None:
@@ -215,8 +215,7 @@ class ProcessWorkers:
             unsent: Future[Fetched | None] = Future()
             unsent.set_result(Fetched(samples=[], errors=[(-1, indices, exc)]))
             return unsent
-        first = split if split >= 0 else None
-        return self._send(b, worker, lambda task_id, slot: LoadBatch(task_id, slot, payload, first))
+        return self._send(b, worker, lambda task_id, slot: LoadBatch(task_id, slot, payload, split))
 
     def next_batch(self, key: int, wid: int, epoch: int, state: Any) -> Future[Fetched | None]:
         """Ask worker ``wid`` for its iterable dataset's next batch of ``epoch`` (restoring
