@@ -42,7 +42,8 @@ for a third party. ``foreign_cpu_s`` is the CPU the whole machine used during th
 section (``/proc/stat``) less the run's own: another job's. One import of torch elsewhere
 (3 s of a core) made a 5-epoch training script 2 s slower and a single epoch of it 6 s
 long where it takes 0.8, while runs beside it took 0.0-0.2 s of foreign CPU. A timed run
-whose foreign CPU exceeds :data:`FOREIGN_LIMIT` of its core-seconds is dropped and run
+whose foreign CPU exceeds :data:`FOREIGN_LIMIT` of its core-seconds (and 0.1 s: a
+sub-second run meets 5% with the kernel's own housekeeping) is dropped and run
 again (at most :data:`RETRIES` times; the last try is kept, with its figure), and
 :func:`measure_all` reports how many runs it dropped.
 """
@@ -74,6 +75,7 @@ def cpu_count() -> int:
 
 
 FOREIGN_LIMIT = 0.05  # of a timed section's core-seconds, taken by other processes
+FOREIGN_FLOOR_S = 0.1  # CPU-s of others below which no run counts as disturbed
 RETRIES = 4  # tries after the first for a run that other processes disturbed
 
 
@@ -115,8 +117,9 @@ class Sample:
     foreign_cpu_s: float = 0.0  # other processes' CPU during the timed section
 
     def disturbed(self, cores: int) -> bool:
-        """Other processes took more than :data:`FOREIGN_LIMIT` of the section's cores."""
-        return self.foreign_cpu_s > FOREIGN_LIMIT * self.seconds * cores
+        """Other processes took more than :data:`FOREIGN_LIMIT` of the section's cores (and
+        more than :data:`FOREIGN_FLOOR_S`: the machine's own housekeeping is not a job)."""
+        return self.foreign_cpu_s > max(FOREIGN_FLOOR_S, FOREIGN_LIMIT * self.seconds * cores)
 
     @property
     def rate(self) -> float:

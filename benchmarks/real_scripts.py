@@ -56,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _measure import FOREIGN_LIMIT, RETRIES, busy_cpu_s, cpu_count
+from _measure import FOREIGN_FLOOR_S, FOREIGN_LIMIT, RETRIES, busy_cpu_s, cpu_count
 
 SCRIPTS = ("imagenet", "dummy", "superres", "detection", "lightning")
 IMPLS = ("torch", "torch_spdl")
@@ -435,7 +435,8 @@ def run_once(script: str, impl: str, root: str, quick: bool) -> dict:
     the run's core-seconds (at most ``RETRIES`` times; ``dropped`` counts the runs left)."""
     dropped = 0
     out = _run_child(script, impl, root, quick)
-    while out["foreign_cpu_s"] > FOREIGN_LIMIT * out["wall_s"] * cpu_count() and dropped < RETRIES:
+    limit = max(FOREIGN_FLOOR_S, FOREIGN_LIMIT * out["wall_s"] * cpu_count())
+    while out["foreign_cpu_s"] > limit and dropped < RETRIES:
         note = f"{script} {impl}: run again, {out['foreign_cpu_s']:.2f} CPU-s of others"
         print(note, file=sys.stderr)
         dropped += 1
