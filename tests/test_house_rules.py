@@ -5,22 +5,15 @@ module map, so a newcomer finds each one's job there."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _scripts import ROOT, load_script
 
 
 def _rules() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "house_rules", ROOT / "scripts" / "house_rules.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("house_rules")
 
 
 def test_no_file_class_or_function_over_the_size_limits() -> None:

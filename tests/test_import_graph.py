@@ -8,21 +8,13 @@ it would only bite a type checker or a reader.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _scripts import ROOT, load_script
 
 
 def _checker() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "import_cycles", ROOT / "scripts" / "import_cycles.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("import_cycles")
 
 
 def test_no_import_cycle_in_the_package() -> None:
