@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import functools
 import itertools
+import pickle
 import random
 import re
 import sys
@@ -603,7 +604,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sample-ms", type=float, default=50.0, help="PSS sampling interval (50, as run.py)"
     )
+    parser.add_argument("--save", default="", help="also pickle the header and results here")
+    parser.add_argument("--render", default="", help="print the tables of a --save file only")
     args = parser.parse_args(argv)
+    if args.render:
+        with open(args.render, "rb") as f:
+            header, results = pickle.load(f)
+        print(header)
+        print("\n".join(tables(results)))
+        return 0
     repeats = args.repeats or (3 if args.quick else 5)
     consumers = tuple(
         (args.consumers or ("touch" if args.quick else ",".join(CONSUMERS))).split(",")
@@ -621,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         write_photo_folder(Path(tmp), count)
         specs = plan(args.quick, tmp, count, args.only, consumers)
         results = measure_all(specs, repeats, "swap runs", args.sample_ms / 1000)
-    print(
+    header = (
         f"torch_spdl {info['torch_spdl']}, torch {info['torch']}, {info['cores']} cores, "
         f"{info['CPU']}; load average at start {info['load average at start']}; median of "
         f"{repeats} timed runs (min-max), fresh process each; peak memory from one more run "
@@ -629,6 +638,10 @@ def main(argv: list[str] | None = None) -> int:
         f"disturbed dropped and run again: {sum(r.dropped for r in results)}; "
         f"{time.perf_counter() - t0:.0f} s\n"
     )
+    if args.save:
+        with open(args.save, "wb") as f:
+            pickle.dump((header, results), f)
+    print(header)
     print("\n".join(tables(results)))
     for r in results:
         if r.error:
