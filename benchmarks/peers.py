@@ -629,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="torch_spdl_peers_") as tmp:
         data, notes = prepare(Path(tmp), args.quick)
         specs, skipped = plan(args.quick, data, args.only)
-        results = measure_all(specs, repeats, desc="peer runs")
+        results = measure_all(specs, repeats, desc="peer runs", fresh_memory=not args.quick)
     raw = [
         [r.spec.label, r.spec.impl, [vars(s) for s in (*r.memory_runs, *r.runs)], r.error]
         for r in results

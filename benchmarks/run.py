@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             (Path(tmp) / "peers").mkdir()
             data, _ = peers.prepare(Path(tmp) / "peers", args.quick)
             specs += peers.plan(args.quick, data)[0]
-        results = measure_all(specs, repeats)
+        results = measure_all(specs, repeats, fresh_memory=not args.quick)
     elapsed = time.perf_counter() - t0
     report = write_report(
         args.out,

@@ -604,6 +604,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sample-ms", type=float, default=50.0, help="PSS sampling interval (50, as run.py)"
     )
+    parser.add_argument(
+        "--memory-runs",
+        type=int,
+        default=None,
+        help="sampled runs per figure for peak memory (3; 1 quick)",
+    )
     parser.add_argument("--save", default="", help="also pickle the header and results here")
     parser.add_argument("--render", default="", help="print the tables of a --save file only")
     args = parser.parse_args(argv)
@@ -614,6 +620,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(tables(results)))
         return 0
     repeats = args.repeats or (3 if args.quick else 5)
+    # A training process's peak memory is bimodal run to run (a full collection after the
+    # workers fork copies every page of objects they share): one run decides nothing.
+    memory_runs = args.memory_runs or (1 if args.quick else 3)
     consumers = tuple(
         (args.consumers or ("touch" if args.quick else ",".join(CONSUMERS))).split(",")
     )
@@ -629,12 +638,21 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="torch_spdl_swap_") as tmp:
         write_photo_folder(Path(tmp), count)
         specs = plan(args.quick, tmp, count, args.only, consumers)
-        results = measure_all(specs, repeats, "swap runs", args.sample_ms / 1000)
+        results = measure_all(
+            specs,
+            repeats,
+            "swap runs",
+            args.sample_ms / 1000,
+            memory_runs=memory_runs,
+            fresh_memory=not args.quick,
+        )
     header = (
         f"torch_spdl {info['torch_spdl']}, torch {info['torch']}, {info['cores']} cores, "
         f"{info['CPU']}; load average at start {info['load average at start']}; median of "
-        f"{repeats} timed runs (min-max), fresh process each; peak memory from one more run "
-        f"each, PSS sampled every {args.sample_ms:g} ms; timed runs that other processes "
+        f"{repeats} timed runs (min-max), fresh process each; peak memory from {memory_runs} "
+        f"more run(s) each{'' if args.quick else ' in a fresh interpreter'}, "
+        f"PSS sampled every {args.sample_ms:g} ms; "
+        f"timed runs that other processes "
         f"disturbed dropped and run again: {sum(r.dropped for r in results)}; "
         f"{time.perf_counter() - t0:.0f} s\n"
     )
