@@ -651,9 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{info['CPU']}; load average at start {info['load average at start']}; median of "
         f"{repeats} timed runs (min-max), fresh process each; peak memory from {memory_runs} "
         f"more run(s) each{'' if args.quick else ' in a fresh interpreter'}, "
-        f"PSS sampled every {args.sample_ms:g} ms; "
-        f"timed runs that other processes "
-        f"disturbed dropped and run again: {sum(r.dropped for r in results)}; "
+        f"PSS sampled every {args.sample_ms:g} ms; timed runs that other processes disturbed "
+        f"dropped and run again: {sum(r.dropped for r in results)}; "
         f"{time.perf_counter() - t0:.0f} s\n"
     )
     if args.save:

@@ -143,12 +143,12 @@ def worker_main(
     fetcher: IterableFetcher | None = None
     parent = os.getppid()
     # One poll object for the worker's life: ``Connection.poll`` builds a selector on every
-    # call, a sixth of a worker's time on batches of 256 path strings.
-    ready = select.poll()
-    ready.register(tasks.fileno(), select.POLLIN)
+    # call, a sixth of a worker's py-spy samples on batches of 256 path strings.
+    incoming = select.poll()
+    incoming.register(tasks.fileno(), select.POLLIN)
     while True:
         try:
-            while not ready.poll(_WATCHDOG_MS):
+            while not incoming.poll(_WATCHDOG_MS):
                 if os.getppid() != parent:  # the loader's process is gone
                     os._exit(0)
             task: Task = receive(tasks)
