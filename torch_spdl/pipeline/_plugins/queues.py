@@ -212,6 +212,8 @@ class ObservedChannel(Channel[Any]):
         super().__init__(capacity, name, refill_at=refill_at)
         self.observer = observer
 
+    bulk = False  # each hand-off is observed: one by one
+
     def put(self, item: Any) -> None:
         t0 = time.monotonic()
         super().put(item)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any, Generic, Literal, NoReturn, TypeVar
@@ -56,6 +57,9 @@ class Pipeline(Generic[T]):
         self._explicit = False  # started by start()/auto_stop()/get_item: stop() reports
         self._renew = renew
         self._epoch_done = False  # continuous: the current epoch's stream has ended
+        # Taken from the sink in bulk and not yet handed out (module notes of _iterate):
+        # still the sink's, for iteration and get_item alike.
+        self._held: deque[Any] = deque()
 
     def __repr__(self) -> str:
         return f"Pipeline({self._description})"
@@ -87,6 +91,10 @@ class Pipeline(Generic[T]):
         if self._runtime.state == "new" and not self._runtime.parts:
             return  # never started: nothing to stop, and it can still be started (SPDL)
         self._runtime.shutdown(timeout, keep_sink=self._explicit)
+        if self._held:  # taken from the sink, not handed out: kept with what it held
+            if self._explicit:
+                self._sink.kept.extendleft(reversed(self._held))
+            self._held.clear()
         # Stopped: nothing is left for the finalizer to do, and kept, it would keep the
         # runtime, its failure, the failure's traceback and every frame and batch that
         # holds alive (the finalizer registry is never collected).
@@ -142,6 +150,8 @@ class Pipeline(Generic[T]):
             self.start()
         elif self._epoch_done and self._runtime.state == "running":
             _next_epoch(self)
+        elif self._held:
+            return self._held.popleft()  # taken from the sink in bulk by an iteration
         elif self._runtime.state == "stopped" and self._sink.kept:
             return self._sink.kept.popleft()  # what was buffered when stop() came
         try:
@@ -244,23 +254,31 @@ def _iterate(pipeline: Pipeline[T], timeout: float | None) -> Iterator[T]:
         _next_epoch(pipeline)
     elif continuous and runtime.state == "stopped":
         return
-    get = pipeline._sink.get
+    sink, held = pipeline._sink, pipeline._held
+    # Ready items are taken in bulk (the channel's notes), up to half the sink, so a sink
+    # of a few batches still hands them over one at a time; what was taken waits in
+    # ``held``, which get_item() and the next iteration read first, and stop() keeps.
+    limit = max(1, sink.capacity // 2) if sink.bulk else 1
+    get = sink.get_many if limit > 1 else None
     try:
         while True:  # the consumer's per-item path: inline, not shared with get_item
+            while held:
+                yield held.popleft()
             try:
-                item = get(timeout)
+                items = get(limit, timeout) if get is not None else [sink.get(timeout)]
             except ChannelAborted as aborted:
                 end = _ending(pipeline, aborted)
                 break
-            if item is EOF:
+            if items is EOF or items[0] is EOF:
                 end = _ending(pipeline, None)
                 break
-            yield item
+            held.extend(items)
         if end == "failed" and (started_here or not pipeline._explicit):
             _raise(pipeline._runtime.failure)
     finally:
         if started_here:
             pipeline._runtime.shutdown()
+            held.clear()  # the sink's items went with the run this loop stopped
 
 
 def _next_epoch(pipeline: Pipeline[Any]) -> None:

@@ -9,6 +9,7 @@ noted as such, not an internal one).
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterable, Iterable
 from typing import Any
 
@@ -16,6 +17,7 @@ from .._core.protocols import StoppableSource
 from .._core.stats import Counters
 from .._wire.channel import Channel, ChannelAborted
 from .node import Node
+from .pace import Pace
 
 __all__ = ["SourceNode", "on_loop"]
 
@@ -47,13 +49,45 @@ class SourceNode(Node):
         self.fail(exc)
 
     def work(self, index: int, counters: Counters) -> None:
-        put = self.outbox.put
         source = self.source
         assert isinstance(source, Iterable)  # run here only when not on the loop
+        if self.outbox.bulk:
+            self._work_bulk(source, counters)
+            return
+        put = self.outbox.put
         try:
             for item in source:
                 put(item)
                 counters.num_out += 1
+        except ChannelAborted:
+            raise
+        except Exception as exc:
+            self._source_failed(exc)
+
+    def _work_bulk(self, source: Iterable[Any], counters: Counters) -> None:
+        """Stage the items and flush a paced number at a time (``pace.py``); a reader that
+        waits is served at once, and one that comes while the iterator blocks takes the
+        staged items itself (the channel's notes), so no key waits for the next."""
+        outbox, clock = self.outbox, time.perf_counter
+        flush, waiting = outbox.flush, outbox.has_readers_waiting
+        segment = outbox.staging()
+        stage, pace = segment.append, Pace()
+        room = outbox.room
+        limit = 1
+        made, t0 = 0, clock()
+        try:
+            try:
+                for item in source:
+                    stage(item)
+                    counters.num_out += 1
+                    made += 1
+                    if made >= limit or waiting():
+                        pace.update(clock() - t0, made)
+                        flush(segment)
+                        limit = min(pace.limit, room())
+                        made, t0 = 0, clock()
+            finally:
+                flush(segment)  # what the source made before it ended or raised
         except ChannelAborted:
             raise
         except Exception as exc:

@@ -7,6 +7,24 @@ only a caller that must wait allocates a waiter, and a put wakes exactly one wai
 reader. Coroutines woken from their own loop's thread are resumed directly, and only a
 cross-thread wake pays for ``call_soon_threadsafe`` (one per loop for a batch of them).
 
+**Bulk hand-offs.** Under the GIL a hand-off costs about what a no-op op costs, and a
+thread that finds its queue empty or full costs a thread switch (microseconds, plus the
+GIL's hand-over). So fast stages move items in bulk: a reader takes every ready item up
+to its limit under one lock (:meth:`Channel.get_many`), and a producer *stages* its
+outputs in a segment of its own (:meth:`Channel.staging`: a deque append, no lock) that
+it moves into the queue under one lock (:meth:`Channel.flush`). Staged items are never out
+of a reader's reach: a reader that finds the queue empty takes from the segments, and a
+producer that sees a reader waiting flushes at once, so an output never waits for the rest
+of its producer's chunk (an op that blocks until the consumer has seen the previous
+output still completes). A reader registers as waiting, then looks at the segments; a
+producer appends, then looks for waiting readers: under the GIL one of them sees the
+other. Staged items are outside ``capacity``: each producer holds at most its chunk.
+
+Wakes are passed on, one at a time: a get that makes room wakes one blocked producer, and
+a producer that leaves room wakes the next; a reader that leaves items wakes the next
+reader. Waking every producer for a bulk take would wake threads that find the queue
+full again (two thread switches each for nothing).
+
 A producer blocked on a full channel is woken by the get that leaves at most ``refill_at``
 items: by default the first get that makes room, one producer per place. A channel
 between the loop and a thread refills in bursts instead (``refill_at`` at half): its
@@ -18,104 +36,29 @@ consumer's thread would wake the loop once per item.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections import deque
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-T = TypeVar("T")
+from .bulk import BulkEnds
+from .waiting import (
+    EMPTY,
+    EOF,
+    AsyncWaiter,
+    ChannelAborted,
+    ThreadWaiter,
+    Waiter,
+    wake_every,
+    wake_together,
+)
 
 __all__ = ["EMPTY", "EOF", "Channel", "ChannelAborted"]
 
-
-class _EndOfStream:
-    """Returned by ``get`` once the channel is closed and drained."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "EOF"
+T = TypeVar("T")
 
 
-EOF: Any = _EndOfStream()
-EMPTY: Any = object()  # get_nowait: nothing waiting
-
-
-class ChannelAborted(Exception):
-    """Raised to every user of a channel after :meth:`Channel.abort`; carries the reason."""
-
-    def __init__(self, reason: BaseException | None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class _ThreadWaiter:
-    __slots__ = ("_lock",)
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-
-    def wake(self) -> None:
-        self._lock.release()
-
-    def wait(self, timeout: float | None) -> bool:
-        return self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
-
-
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _resolve_all(futs: list[asyncio.Future[None]]) -> None:
-    for fut in futs:
-        _resolve(fut)
-
-
-class _AsyncWaiter:
-    __slots__ = ("fut", "_loop", "_thread")
-
-    def __init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._thread = threading.get_ident()
-        self.fut: asyncio.Future[None] = self._loop.create_future()
-
-    def wake(self) -> None:
-        if threading.get_ident() == self._thread:
-            _resolve(self.fut)
-        elif not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(_resolve, self.fut)
-
-
-_Waiter = _ThreadWaiter | _AsyncWaiter
-
-
-def _wake_together(waiters: list[_Waiter]) -> None:
-    """Wake ``waiters``, in order; coroutines waiting on another thread's loop with one
-    ``call_soon_threadsafe`` per loop (each call wakes that loop's thread: a system call
-    and a GIL hand-off)."""
-    me = threading.get_ident()
-    remote: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
-    for waiter in waiters:
-        if isinstance(waiter, _AsyncWaiter) and waiter._thread != me:
-            remote.setdefault(waiter._loop, []).append(waiter.fut)
-        else:
-            waiter.wake()
-    for loop, futs in remote.items():
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(_resolve_all, futs)
-
-
-def _wake_every(*queues: deque[_Waiter]) -> None:
-    """Wake every waiter of ``queues`` (the channel closes or aborts: none may stay)."""
-    for queue in queues:
-        while queue:
-            queue.popleft().wake()
-
-
-class Channel(Generic[T]):
+class Channel(BulkEnds[T]):
     """Bounded multi-producer multi-consumer queue with sync and async ends.
 
     ``capacity <= 0`` means unbounded. ``close(error)`` marks the end of the stream: readers
@@ -141,6 +84,7 @@ class Channel(Generic[T]):
         "n_gets",
         "depth_sum",
         "kept",
+        "_segments",
     )
 
     def __init__(self, capacity: int, name: str = "", *, refill_at: int | None = None) -> None:
@@ -151,8 +95,8 @@ class Channel(Generic[T]):
         self.refill_at = last if refill_at is None else max(0, min(refill_at, last))
         self._items: deque[T] = deque()
         self._mutex = threading.Lock()
-        self._getters: deque[_Waiter] = deque()
-        self._putters: deque[_Waiter] = deque()
+        self._getters: deque[Waiter] = deque()
+        self._putters: deque[Waiter] = deque()
         self._woken = 0  # putters woken for room that have not come back to put yet
         self._closed = False
         self.close_error: BaseException | None = None
@@ -161,6 +105,7 @@ class Channel(Generic[T]):
         self.n_gets = 0
         self.depth_sum = 0
         self.kept: deque[T] = deque()  # what abort(keep_items=True) set aside
+        self._segments: list[deque[T]] = []  # producers' staged items (module notes)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -177,6 +122,8 @@ class Channel(Generic[T]):
         self._items.append(item)
         if self._getters:
             self._getters.popleft().wake()
+        elif self._putters and not self._woken and len(self._items) < self.capacity:
+            self._wake_next_putter()  # room is left: pass the wake on
         return True
 
     def put(self, item: T) -> None:
@@ -188,7 +135,7 @@ class Channel(Generic[T]):
                     self._back()
                 if self._try_put(item):
                     return
-                waiter = _ThreadWaiter()
+                waiter = ThreadWaiter()
                 self._putters.append(waiter)
             try:
                 waiter.wait(None)
@@ -206,7 +153,7 @@ class Channel(Generic[T]):
                     self._back()
                 if self._try_put(item):
                     return
-                waiter = _AsyncWaiter()
+                waiter = AsyncWaiter()
                 self._putters.append(waiter)
             await self._await(waiter, self._putters)
             woken = True
@@ -216,19 +163,17 @@ class Channel(Generic[T]):
 
         Filling in bursts (``refill_at`` below ``capacity - 1``), the room is filled by one
         wake of all that fit, made once the producers woken before are back: waking more
-        as each get makes room would be one wake per item again. Otherwise each get wakes
-        one producer for the place it made (room less those woken and not back yet)."""
+        as each get makes room would be one wake per item again. Otherwise one producer is
+        woken, once those woken before are back, and it passes the wake on if it leaves
+        room (module notes)."""
+        if self._woken:
+            return
         if self.refill_at < self.capacity - 1:
-            more = 0 if self._woken else room
-        else:
-            more = room - self._woken
-        more = min(more, len(self._putters))
-        if more == 1:  # one get, one place: the usual case between threads
-            self._woken += 1
-            self._putters.popleft().wake()
-        elif more > 1:
+            more = min(room, len(self._putters))
             self._woken += more
-            _wake_together([self._putters.popleft() for _ in range(more)])
+            wake_together([self._putters.popleft() for _ in range(more)])
+        else:
+            self._wake_next_putter()
 
     def _back(self) -> None:
         """A putter woken for room is back (under the mutex)."""
@@ -241,7 +186,7 @@ class Channel(Generic[T]):
                 return
             self._closed = True
             self.close_error = error
-            _wake_every(self._getters, self._putters)
+            wake_every(self._getters, self._putters)
 
     def abort(self, reason: BaseException | None, *, keep_items: bool = False) -> None:
         """Drop all items and make every call raise :class:`ChannelAborted`; with
@@ -257,9 +202,13 @@ class Channel(Generic[T]):
             if keep_items:
                 self.kept = self._items
                 self._items = deque()
+                for segment in self._segments:
+                    self.kept.extend(segment)
             else:
                 self._items.clear()
-            _wake_every(self._getters, self._putters)
+            for segment in self._segments:
+                segment.clear()
+            wake_every(self._getters, self._putters)
 
     # -- consumer side -------------------------------------------------------------------
     def _try_get(self) -> Any:
@@ -271,9 +220,13 @@ class Channel(Generic[T]):
             self.depth_sum += len(items)
             if self._putters and len(items) <= self.refill_at:
                 self._wake_putters(self.capacity - len(items))
+            if items and self._getters:  # pass the wake on
+                self._getters.popleft().wake()
             return item
         if self._abort is not None:
             raise ChannelAborted(self._abort.reason)  # fresh: see abort()
+        if self._segments and (staged := self._take_staged(1)):
+            return staged[0]
         if self._closed:
             return EOF
         return self._mutex
@@ -295,8 +248,9 @@ class Channel(Generic[T]):
                 item = self._try_get()
                 if item is not self._mutex:
                     return item
-                waiter = _ThreadWaiter()
-                self._getters.append(waiter)
+                waiter = ThreadWaiter()
+                if not self._register(waiter):
+                    continue
             if deadline is None and timeout is not None:
                 deadline = time.monotonic() + timeout
             try:
@@ -314,18 +268,19 @@ class Channel(Generic[T]):
                 item = self._try_get()
                 if item is not self._mutex:
                     return item
-                waiter = _AsyncWaiter()
-                self._getters.append(waiter)
+                waiter = AsyncWaiter()
+                if not self._register(waiter):
+                    continue
             await self._await(waiter, self._getters)
 
-    async def _await(self, waiter: _AsyncWaiter, queue: deque[_Waiter]) -> None:
+    async def _await(self, waiter: AsyncWaiter, queue: deque[Waiter]) -> None:
         try:
             await waiter.fut
         except BaseException:
             self._abandon(waiter, queue)
             raise
 
-    def _abandon(self, waiter: _Waiter, queue: deque[_Waiter]) -> bool:
+    def _abandon(self, waiter: Waiter, queue: deque[Waiter]) -> bool:
         """Withdraw a waiter that stops waiting; True if it had not been woken.
 
         A waiter that was woken but leaves anyway passes its wake on, so none is lost.
