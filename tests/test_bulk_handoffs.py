@@ -7,9 +7,12 @@ arrives exactly once, and a full pipeline holds what it held before.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import itertools
 import threading
 
+import pytest
 from _sync import WAIT
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,7 +20,8 @@ from hypothesis import strategies as st
 from torch_spdl.pipeline import PipelineBuilder
 
 
-def test_an_op_that_waits_for_the_consumer_completes():
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_op_that_waits_for_the_consumer_completes(kind):
     """Each item's op waits until the consumer has the previous output: were that output
     held until the end of its worker's take, the pipeline would never finish."""
     seen = threading.Semaphore(1)
@@ -26,8 +30,14 @@ def test_an_op_that_waits_for_the_consumer_completes():
         assert seen.acquire(timeout=WAIT), f"item {x}: the previous output never arrived"
         return x
 
+    async def aafter_previous(x: int) -> int:
+        while not seen.acquire(blocking=False):  # the loop must go on to hand it over
+            await asyncio.sleep(0)
+        return x
+
     n = 2_000
-    pipeline = PipelineBuilder().add_source(range(n)).pipe(after_previous).add_sink(64).build()
+    op = after_previous if kind == "sync" else aafter_previous
+    pipeline = PipelineBuilder().add_source(range(n)).pipe(op).add_sink(64).build()
     got = []
     for x in pipeline.get_iterator(timeout=WAIT):
         got.append(x)
@@ -53,17 +63,25 @@ def test_a_source_that_waits_for_the_consumer_completes():
     assert got == list(range(1, 1_001))
 
 
+async def _plus(x: int, k: int) -> int:
+    return x + k
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     n=st.integers(0, 3_000),
-    stages=st.integers(1, 3),
+    kinds=st.lists(st.sampled_from(["sync", "async"]), min_size=1, max_size=3),
     queue=st.sampled_from([None, 1, 2, 5, 64]),
     sink=st.integers(1, 70),
 )
-def test_one_worker_per_stage_keeps_order_and_loses_nothing(n, stages, queue, sink):
+def test_one_worker_per_stage_keeps_order_and_loses_nothing(n, kinds, queue, sink):
     builder = PipelineBuilder().add_source(range(n))
-    for k in range(stages):
-        builder.pipe(lambda x, k=k: x + k)
+    stages = len(kinds)
+    for k, kind in enumerate(kinds):
+        if kind == "sync":
+            builder.pipe(lambda x, k=k: x + k)
+        else:
+            builder.pipe(functools.partial(_plus, k=k))
     pipeline = builder.add_sink(sink).build(queue_size=queue)
     offset = sum(range(stages))
     assert list(pipeline) == [x + offset for x in range(n)]
