@@ -52,7 +52,7 @@ class BulkEnds(Generic[T]):
         self._woken += 1
         self._putters.popleft().wake()
 
-    # -- bulk: staged segments (module notes) ---------------------------------------------
+    # -- staged segments (channel.py's notes) ---------------------------------------------
     def staging(self) -> deque[T]:
         """A segment for one producer to stage its items in (``append``; then, if
         :meth:`has_readers_waiting`, :meth:`flush`). Only that producer appends to it."""
