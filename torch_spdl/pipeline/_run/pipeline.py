@@ -91,10 +91,16 @@ class Pipeline(Generic[T]):
         if self._runtime.state == "new" and not self._runtime.parts:
             return  # never started: nothing to stop, and it can still be started (SPDL)
         self._runtime.shutdown(timeout, keep_sink=self._explicit)
-        if self._held:  # taken from the sink, not handed out: kept with what it held
-            if self._explicit:
-                self._sink.kept.extendleft(reversed(self._held))
-            self._held.clear()
+        # Taken from the sink and not handed out: kept ahead of what the sink held. One
+        # popleft at a time: a loop on another thread may be taking from it meanwhile.
+        taken: list[Any] = []
+        while self._held:
+            try:
+                taken.append(self._held.popleft())
+            except IndexError:
+                break
+        if self._explicit:
+            self._sink.kept.extendleft(reversed(taken))
         # Stopped: nothing is left for the finalizer to do, and kept, it would keep the
         # runtime, its failure, the failure's traceback and every frame and batch that
         # holds alive (the finalizer registry is never collected).
