@@ -195,12 +195,19 @@ def _bulk_ready(node: AsyncStage) -> bool:
 async def _run_bulk(node: AsyncStage, counters: Counters, op: AsyncOp) -> None:
     """The thread stage's bulk loop as a coroutine: a paced take of ready items, the op
     awaited on each, the outputs staged and flushed at the end of the take, at once when
-    a reader waits (the channel's notes)."""
+    a reader waits (the channel's notes). While the pace is one item (an op slower than
+    half of ``TAKE_S``) an item moves as in the one-item loop (``aget``, ``aput``): the
+    32 coroutines of a stage that waits 10 ms wake together, and the loop's bookkeeping
+    for each delays the next one's wait (bulk bookkeeping there cost 0.9% of its rate)."""
     inbox, outbox, clock = node.inbox, node.outbox, time.perf_counter
     aget_many, aflush, waiting = inbox.aget_many, outbox.aflush, outbox.has_readers_waiting
     segment = outbox.staging()
     stage, pace, room = segment.append, Pace(), outbox.room
     while True:
+        if pace.limit == 1:
+            if not await _one(node, counters, op, pace):
+                return
+            continue
         items = await aget_many(min(pace.limit, room()))
         if items is EOF:
             return
@@ -225,6 +232,29 @@ async def _run_bulk(node: AsyncStage, counters: Counters, op: AsyncOp) -> None:
         counters.op_time += elapsed
         await aflush(segment)
         pace.update(elapsed, len(items))
+
+
+async def _one(node: AsyncStage, counters: Counters, op: AsyncOp, pace: Pace) -> bool:
+    """One item through ``op``, unstaged (False at the end of the stream)."""
+    item = await node.inbox.aget()
+    if item is EOF:
+        return False
+    counters.num_in += 1
+    t0 = time.perf_counter()
+    try:
+        out = await op(item)
+    except ChannelAborted:
+        raise
+    except Exception as exc:
+        node.record_failure(item, exc)
+        out = None
+    elapsed = time.perf_counter() - t0
+    counters.op_time += elapsed
+    pace.update(elapsed, 1)
+    if out is not None:
+        await node.outbox.aput(out)
+        counters.num_out += 1
+    return True
 
 
 def _streamed(

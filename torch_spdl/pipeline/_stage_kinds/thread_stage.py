@@ -320,7 +320,9 @@ def _bulk_ready(node: ThreadStage) -> bool:
 
 
 # The hot path for a function: a take of ready items (paced, pace.py), the op over
-# them in one loop, the outputs staged and flushed under one lock (channel notes).
+# them in one loop, the outputs staged and flushed under one lock (channel notes). While
+# the pace is one item (a slow op) an item moves unstaged, with one get and one put:
+# staging it would cost two flushes and a look for readers, and gain nothing.
 def _run_bulk(node: ThreadStage, counters: Counters, op: Callable[[Any], Any]) -> None:
     inbox, outbox, clock = node.inbox, node.outbox, time.perf_counter
     get_many, flush, waiting = inbox.get_many, outbox.flush, outbox.has_readers_waiting
@@ -328,6 +330,10 @@ def _run_bulk(node: ThreadStage, counters: Counters, op: Callable[[Any], Any]) -
     stage, pace = segment.append, Pace()
     room = outbox.room  # a take never holds more than the outbox has room for
     while True:
+        if pace.limit == 1:
+            if not _one(node, counters, op, pace):
+                return
+            continue
         items = get_many(min(pace.limit, room()))
         if items is EOF:
             return
@@ -352,6 +358,29 @@ def _run_bulk(node: ThreadStage, counters: Counters, op: Callable[[Any], Any]) -
         counters.op_time += elapsed
         flush(segment)
         pace.update(elapsed, len(items))
+
+
+def _one(node: ThreadStage, counters: Counters, op: Callable[[Any], Any], pace: Pace) -> bool:
+    """One item through ``op``, unstaged (False at the end of the stream)."""
+    item = node.inbox.get()
+    if item is EOF:
+        return False
+    counters.num_in += 1
+    t0 = time.perf_counter()
+    try:
+        out = op(item)
+    except ChannelAborted:
+        raise
+    except Exception as exc:
+        node.record_failure(item, exc)
+        out = None
+    elapsed = time.perf_counter() - t0
+    counters.op_time += elapsed
+    pace.update(elapsed, 1)
+    if out is not None:
+        node.outbox.put(out)
+        counters.num_out += 1
+    return True
 
 
 def _gated(stage: ThreadStage, index: int) -> Callable[[], Any]:
