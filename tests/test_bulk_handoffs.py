@@ -11,6 +11,7 @@ import asyncio
 import functools
 import itertools
 import threading
+import time
 
 import pytest
 from _sync import WAIT
@@ -125,3 +126,37 @@ def test_stats_count_every_item():
     stats = {s.name: s for s in pipeline.get_stats()}
     drop = next(s for name, s in stats.items() if "drop" in name)
     assert (drop.num_in, drop.num_out) == (10_000, 6_666)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_ops_that_turn_slow_and_fast_lose_nothing_and_count_failures(kind):
+    """Items of a slow op move one by one, those of a fast op in takes (``pace.py``); a
+    stage whose op changes speed goes from one way to the other and back, failures
+    included, and every item is delivered or counted failed exactly once."""
+    slow = {x for x in range(3_000) if (x // 300) % 2 == 0}  # alternating runs of 300
+
+    def op(x: int) -> int:
+        if x in slow:
+            time.sleep(0.0002)  # slower than half a take: one item at a time
+        if x % 97 == 0:
+            raise ValueError(f"item {x}")
+        return x
+
+    async def aop(x: int) -> int:
+        if x in slow:
+            await asyncio.sleep(0.0002)
+        return op(x) if x % 97 == 0 else x
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(3_000))
+        .pipe(op if kind == "sync" else aop, concurrency=3, name="changing")
+        .add_sink(64)
+        .build(max_failures=-1)
+    )
+    with pipeline.auto_stop():
+        got = sorted(pipeline)
+    failed = {x for x in range(3_000) if x % 97 == 0}
+    assert got == [x for x in range(3_000) if x not in failed]
+    stats = next(s for s in pipeline.get_stats() if "changing" in s.name)
+    assert (stats.num_in, stats.num_out, stats.num_failed) == (3_000, 3_000 - 31, 31)

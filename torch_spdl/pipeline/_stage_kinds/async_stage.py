@@ -246,12 +246,15 @@ async def _one(node: AsyncStage, counters: Counters, op: AsyncOp, pace: Pace) ->
     except ChannelAborted:
         raise
     except Exception as exc:
-        node.record_failure(item, exc)
-        out = None
+        out, failure = None, exc
+    else:
+        failure = None
     elapsed = time.perf_counter() - t0
     counters.op_time += elapsed
     pace.update(elapsed, 1)
-    if out is not None:
+    if failure is not None:
+        node.record_failure(item, failure)
+    elif out is not None:
         await node.outbox.aput(out)
         counters.num_out += 1
     return True
