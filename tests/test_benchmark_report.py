@@ -85,7 +85,8 @@ def test_report_has_the_swap_tables_and_plot(tmp_path: Path) -> None:
     assert "no clear difference" in sleep and "met on medians (spreads overlap)" in sleep
     staged = speed[("| 1. 10 ms blocking I/O, batch 16, ours staged as `migrate` splits it", "4")]
     assert ">= 1.5x: **not met**" in staged
-    assert any("worker_type='thread'" in r for r in rows)  # the variant has its own row
+    thread = [r for r in rows if "worker_type='thread'" in r]  # the variant has its own row
+    assert len(thread) == 1 and "none (an explicit choice)" in thread[0]  # and no target
     trained = speed[("| 5. 3x224x224 uint8, batch 128, consumer train", "2")]
     assert ">= 1.0x: met" in trained
     memory = text.split("### Peak memory")[1].split("##")[0]

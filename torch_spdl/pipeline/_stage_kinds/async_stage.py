@@ -240,6 +240,7 @@ async def _one(node: AsyncStage, counters: Counters, op: AsyncOp, pace: Pace) ->
     if item is EOF:
         return False
     counters.num_in += 1
+    failure: Exception | None = None
     t0 = time.perf_counter()
     try:
         out = await op(item)
@@ -247,8 +248,6 @@ async def _one(node: AsyncStage, counters: Counters, op: AsyncOp, pace: Pace) ->
         raise
     except Exception as exc:
         out, failure = None, exc
-    else:
-        failure = None
     elapsed = time.perf_counter() - t0
     counters.op_time += elapsed
     pace.update(elapsed, 1)

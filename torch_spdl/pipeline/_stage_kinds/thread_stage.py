@@ -366,6 +366,7 @@ def _one(node: ThreadStage, counters: Counters, op: Callable[[Any], Any], pace: 
     if item is EOF:
         return False
     counters.num_in += 1
+    failure: Exception | None = None
     t0 = time.perf_counter()
     try:
         out = op(item)
@@ -373,8 +374,6 @@ def _one(node: ThreadStage, counters: Counters, op: Callable[[Any], Any], pace: 
         raise
     except Exception as exc:
         out, failure = None, exc
-    else:
-        failure = None
     elapsed = time.perf_counter() - t0
     counters.op_time += elapsed
     pace.update(elapsed, 1)
