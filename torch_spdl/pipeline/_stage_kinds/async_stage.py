@@ -240,20 +240,18 @@ async def _one(node: AsyncStage, counters: Counters, op: AsyncOp, pace: Pace) ->
     if item is EOF:
         return False
     counters.num_in += 1
-    failure: Exception | None = None
     t0 = time.perf_counter()
     try:
         out = await op(item)
     except ChannelAborted:
         raise
-    except Exception as exc:
-        out, failure = None, exc
-    elapsed = time.perf_counter() - t0
+    except Exception as exc:  # recorded here: a name kept past the block would hold the
+        node.record_failure(item, exc)  # exception, its traceback and this frame in a cycle
+        out = None
+    elapsed = time.perf_counter() - t0  # a failure's recording counted, as in a take
     counters.op_time += elapsed
     pace.update(elapsed, 1)
-    if failure is not None:
-        node.record_failure(item, failure)
-    elif out is not None:
+    if out is not None:
         await node.outbox.aput(out)
         counters.num_out += 1
     return True
