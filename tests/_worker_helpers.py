@@ -102,12 +102,13 @@ class Waits(Dataset):
 
 
 class Dies(Dataset):
-    """The worker process that loads sample ``bad`` dies: killed, or ``os._exit``."""
+    """The worker process that loads sample ``bad`` dies: killed, or ``os._exit(code)``."""
 
-    def __init__(self, n: int, bad: int, how: str) -> None:
+    def __init__(self, n: int, bad: int, how: str, code: int = 3) -> None:
         self.n = n
         self.bad = bad
         self.how = how
+        self.code = code
         self.parent = os.getpid()
 
     def __len__(self) -> int:
@@ -117,7 +118,7 @@ class Dies(Dataset):
         if i == self.bad and os.getpid() != self.parent:
             if self.how == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
-            os._exit(3)
+            os._exit(self.code)
         return i
 
 

@@ -251,6 +251,21 @@ def test_a_dead_worker_is_named_never_waited_for(how: str, nothing_left: None) -
     del loader
 
 
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_worker_that_exits_before_its_last_batch_is_named(code: int, nothing_left: None) -> None:
+    # Once the last batch is sent, the workers are told to exit when they are done: one
+    # that exits before it made its batches, even with code 0, still failed.
+    loader = DataLoader(
+        Dies(16, bad=15, how="exit", code=code), batch_size=2, num_workers=2, worker_type="process"
+    )
+    got = []
+    with pytest.raises(WorkerFailure, match=f"exit code {code}"):
+        for batch in loader:
+            got.extend(batch.tolist())
+    assert got == list(range(14))
+    del loader
+
+
 def test_worker_init_fn_error_reaches_the_caller(nothing_left: None) -> None:
     loader = DataLoader(
         MapData(8), batch_size=2, num_workers=2, worker_type="process", worker_init_fn=failing_init
@@ -355,6 +370,22 @@ def test_nothing_left_after_the_loader_is_done_with(
     del loader
 
 
+def test_an_epochs_own_workers_exit_once_its_last_batch_is_sent(nothing_left: None) -> None:
+    # They exit while the loop still works on the last batches, not at the join that ends
+    # the epoch; the epoch still ends, and the next one runs, as under torch.
+    loader = DataLoader(MapData(16), batch_size=2, num_workers=2, worker_type="process")
+    it = iter(loader)
+    got = [next(it) for _ in range(len(loader))]  # every batch; no StopIteration yet
+    for worker in it._workers:
+        worker.join(WAIT)
+        assert worker.exitcode == 0
+    with pytest.raises(StopIteration):
+        next(it)
+    assert_same_batches(got, list(TorchDataLoader(MapData(16), batch_size=2)))
+    assert_same_batches(list(loader), got)
+    del it, loader
+
+
 def test_persistent_workers_keep_their_processes_until_shutdown(nothing_left: None) -> None:
     from _dl_helpers import ProcessData
 
@@ -367,6 +398,7 @@ def test_persistent_workers_keep_their_processes_until_shutdown(nothing_left: No
     )
     epochs = [{pid for b in loader for pid in b["pid"].tolist()} for _ in range(2)]
     assert epochs[0] == epochs[1] and len(epochs[0]) == 2 and os.getpid() not in epochs[0]
+    assert all(psutil.pid_exists(pid) for pid in epochs[0])  # not told to exit at an end
     loader.shutdown()  # the fixture checks that they are gone
 
 

@@ -110,6 +110,8 @@ class WorkerFeed:
         batches: ``(batch number, indices)`` still to deliver, in order.
         in_flight: batches sent ahead.
         timeout: seconds to wait for one batch (None: no limit).
+        own_workers: the workers are this epoch's alone (not persistent): once the last
+            batch is sent they are told that nothing more comes, and exit as they finish.
     """
 
     def __init__(
@@ -118,8 +120,11 @@ class WorkerFeed:
         batches: Iterator[tuple[int, list[Any]]],
         in_flight: int,
         timeout: float | None,
+        *,
+        own_workers: bool = False,
     ) -> None:
         self._workers = workers
+        self._own_workers = own_workers
         self._batches: Iterator[tuple[int, list[Any]]] | None = batches
         self._in_flight = in_flight
         self._timeout = timeout
@@ -154,6 +159,8 @@ class WorkerFeed:
                 return
             if item is None:
                 self._batches = None
+                if self._own_workers:
+                    self._workers.no_more_tasks()
                 return
             b, indices = item
             sent: Future[Fetched | None] | BatchError

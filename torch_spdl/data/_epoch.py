@@ -131,7 +131,13 @@ class EpochIterator:
             idle = owner.build()  # first: from now on the workers have an owner
             budget = self._parts.budget
             if self._map_style:
-                feed = WorkerFeed(workers, self._batches(0), budget.in_flight, plan.timeout)
+                feed = WorkerFeed(
+                    workers,
+                    self._batches(0),
+                    budget.in_flight,
+                    plan.timeout,
+                    own_workers=not plan.persistent_workers,
+                )
             else:
                 feed = caller_feed(
                     workers,

@@ -33,14 +33,11 @@ batch (:meth:`ProcessWorkers.result`), as torch's loader reads its workers' resu
 training step that runs meanwhile (measured on 2 cores with a small CNN training on 256 path
 strings a batch: 24k samples/s with the receiving and settling threads, 28k without them).
 
-Tasks go the other way through one sender thread (the wire's ``Sender``), as torch's index
-queue goes through its feeder thread, and not from the thread that submits them. A pipe
-write wakes the worker as "the writer is about to sleep", and Linux then queues the worker
-on the writer's core; but the training loop writes and goes on with its step, so the worker
-either waits for that core or takes it from the step while the other core idles. The sender
-sleeps right after its write. Measured on 2 cores, a step of 2 ms of Python then 8 ms
-waiting, 256 path strings a batch: 176 of 400 steps ran 1-2 ms late when the loop wrote the
-tasks itself, 0 of 400 through the sender (21.5k against 23.5k samples/s; torch 22.9k).
+Tasks go the other way as :mod:`._worker_outbox` sends them: through one sender thread
+(why, measured, is there), a worker's first task straight away. Once an epoch's pool has
+sent its last batch (:meth:`ProcessWorkers.no_more_tasks`), each worker is told to exit
+once it is done, so that its exit (unmapping all it shared with the loader's process,
+about 10 ms on 2 cores) overlaps the training loop's last steps, not the epoch's end.
 """
 
 from __future__ import annotations
@@ -55,7 +52,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .._procwire import Child, Sender, Stop, Watch, dumps, receive
+from .._procwire import Child, Watch, dumps, receive
 from ._arena_leases import NO_ARENA, ArenaLeases
 from ._fetch import Fetched
 from ._process_child import (
@@ -68,6 +65,7 @@ from ._process_child import (
     worker_main,
 )
 from ._shared_batch import Arena, load_batch
+from ._worker_outbox import Outbox
 
 __all__ = ["ProcessWorkers", "WorkerFailure"]
 
@@ -128,6 +126,8 @@ class ProcessWorkers:
         if ctx is None or isinstance(ctx, str):
             ctx = mp.get_context(ctx)
         shared = ctx.get_start_method() == "fork"
+        if shared:
+            _import_what_workers_import()
         self.num_workers = num_workers
         self._workers = [_Worker(i) for i in range(num_workers)]
         self._pending: dict[int, tuple[Future[Fetched | None], _Worker, int]] = {}
@@ -176,7 +176,7 @@ class ProcessWorkers:
             for end in w.child_ends:
                 end.close()
         self._pumping = threading.Lock()  # one reader of the pipes at a time
-        self._sender = Sender("torch_spdl-worker-sender")  # see the module's doc
+        self._outbox = Outbox("torch_spdl-worker-sender")
         self._receiver: threading.Thread | None = None
         if receiver:
             self._receiver = threading.Thread(
@@ -245,7 +245,7 @@ class ProcessWorkers:
         if worker.dead is not None:  # it died while this batch waited for an arena
             self._fail_worker(worker, worker.dead)
             return future
-        self._sender.send(worker.tasks, task(task_id, slot))
+        self._outbox.send(worker.tasks, task(task_id, slot))
         return future
 
     def result(self, future: Future[Fetched | None], timeout: float | None = None) -> Any:
@@ -268,6 +268,14 @@ class ProcessWorkers:
         """The training loop was given batch ``b`` (its arena now counts as the loop's)."""
         self._leases.delivered(b)
 
+    def no_more_tasks(self) -> None:
+        """Nothing more will be submitted (an epoch's own pool sent its last batch): each
+        worker exits once it has made its batches (see the module's doc)."""
+        with self._lock:
+            if not self._closed:
+                for w in self._workers:
+                    self._outbox.stop(w.tasks)
+
     def cancel_pending(self) -> None:
         """Fail every batch still waited for (the epoch ended early). The workers finish
         those batches; each arena is free again when its (discarded) reply arrives."""
@@ -288,15 +296,15 @@ class ProcessWorkers:
         self._leases.close()
         self.cancel_pending()
         for w in self._workers:
-            self._sender.send(w.tasks, Stop())
-        self._sender.finish()
+            self._outbox.stop(w.tasks)
+        self._outbox.finish()
         self._wake_w.send(None)
         if self._receiver is not None:
             self._receiver.join()
         for w in self._workers:  # a worker busy in user code, or stuck, is killed
             w.child.stop(_GRACE_S, kill_at_once=True, release=True)
         # A write to a worker that was stuck with a full pipe failed when it was killed.
-        self._sender.join()
+        self._outbox.join()
         for w in self._workers:
             w.child.close_pipes()
         for arena in self._arenas or ():
@@ -330,8 +338,14 @@ class ProcessWorkers:
             watch.forget(worker.results)
             if not self._closed and worker.dead is None:
                 worker.child.join(_GRACE_S)
-                worker.dead = _died(worker)
-                self._fail_worker(worker, worker.dead)
+                # Told to stop (no_more_tasks), it exits cleanly once its batches are made
+                # (its results were read above); otherwise it died.
+                with self._lock:
+                    waited = any(w is worker for _, w, _ in self._pending.values())
+                told = self._outbox.stopped(worker.tasks)
+                if waited or not told or worker.child.exitcode != 0:
+                    worker.dead = _died(worker)
+                    self._fail_worker(worker, worker.dead)
         return True
 
     def _settle(self, worker: _Worker, reply: Reply) -> None:
@@ -400,6 +414,17 @@ def _died(worker: _Worker) -> WorkerFailure:
     else:
         what = f"{where} exited unexpectedly with exit code {child.exitcode}"
     return WorkerFailure(f"{what}; it was worker process {worker.wid}")
+
+
+def _import_what_workers_import() -> None:
+    """Import, once in the loader's process, what every worker imports as it starts, so
+    that forked workers inherit it instead of each importing it on the epoch's critical
+    path: ``numpy.random``, which NumPy loads lazily and a worker needs to seed NumPy as
+    torch's workers do (12-14 ms in each forked worker on 2 cores, 7 ms once here). An
+    import changes no state a script sees: the global ``RandomState`` it makes is seeded
+    from the OS, as it would be on the script's own first use, and a seeded script
+    reseeds it."""
+    import numpy.random  # noqa: F401
 
 
 def _cool(arenas: list[Arena], slot: int) -> None:
