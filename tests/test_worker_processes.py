@@ -266,6 +266,30 @@ def test_a_worker_that_exits_before_its_last_batch_is_named(code: int, nothing_l
     del loader
 
 
+class _FailsAtOnce:
+    """A sampler whose first draw fails."""
+
+    def __iter__(self) -> Iterator[int]:
+        raise ValueError("no indices today")
+        yield 0
+
+    def __len__(self) -> int:
+        return 4
+
+
+def test_a_sampler_failing_at_its_first_draw_leaves_no_worker(nothing_left: None) -> None:
+    # The workers fork before the sampler's first draw, as torch's do: its error, raised
+    # from iter() as torch raises it, stops them.
+    for make in (TorchDataLoader, DataLoader):
+        loader = make(MapData(4), sampler=_FailsAtOnce(), num_workers=2)
+        before = set(psutil.Process().children())  # the suite's servers, say
+        with pytest.raises(ValueError, match="no indices today") as raised:
+            iter(loader)
+    # ours are gone while the error (and the frames its traceback holds) still lives
+    assert raised.value is not None and set(psutil.Process().children()) <= before
+    del loader, raised
+
+
 def test_worker_init_fn_error_reaches_the_caller(nothing_left: None) -> None:
     loader = DataLoader(
         MapData(8), batch_size=2, num_workers=2, worker_type="process", worker_init_fn=failing_init

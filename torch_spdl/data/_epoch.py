@@ -101,13 +101,18 @@ class EpochIterator:
         # before the source: it stops where the plan changes
         self._gate = SwitchGate() if plan.loading == "probe" else None
         self._parts = EpochParts(plan, resources, base_seed, self._skips, self._gate)
-        if self._map_style:
-            first = next(indices, _END)  # the sampler's own draws happen now, in this thread
-            self._chosen = _chain(first, indices)
+        # The sampler's own draws happen in iter(), in this thread. With worker processes
+        # that next() feeds, after they fork, as torch's do: they start while a large
+        # sampler makes its permutation (2M indices: 100 ms), and fork without it.
+        fork_first = self._map_style and _fed_by_caller(plan)
+        if self._map_style and not fork_first:
+            self._draw_first(indices)
         self._timeout = plan.timeout
         self._yielded = 0  # batches delivered, counted only against a reported length
         self._caller: CallerLoading | None = None
-        self._pipeline: Pipeline[Any] = self._first_loading(restore)
+        self._pipeline: Pipeline[Any] = self._first_loading(
+            restore, indices if fork_first else None
+        )
         # The pipeline starts at the first next(), as torch's single-process iterator does:
         # code that calls iter() twice on a loader whose batch sampler is its own iterator
         # (Lightning's predict loop does) must not have the unused first epoch pull from it.
@@ -115,10 +120,17 @@ class EpochIterator:
         # stopping it waits (``_ABANDON_S``). Stopping it shuts down what it owns: the
         # batch tokens, worker threads or processes (``PipelineBuilder.add_stoppable``).
 
-    def _first_loading(self, restore: WorkerStates | None) -> Pipeline[Any]:
+    def _draw_first(self, indices: Iterator[Any]) -> None:
+        first = next(indices, _END)
+        self._chosen = _chain(first, indices)
+
+    def _first_loading(
+        self, restore: WorkerStates | None, undrawn: Iterator[Any] | None
+    ) -> Pipeline[Any]:
         """Where the batches come from: ``next()`` itself (``self._caller``; the pipeline
         returned never runs, it owns the worker processes the caller feeds, if any) or the
-        pipeline returned."""
+        pipeline returned. ``undrawn``: the sampler's iterator, to draw from once the
+        worker processes that next() feeds have forked."""
         plan = self._plan
         iterable_inline = not self._map_style and plan.num_workers == 0
         if plan.loading == "caller" or (iterable_inline and plan.worker_type == "process"):
@@ -130,6 +142,12 @@ class EpochIterator:
             workers, owner = self._parts.build_caller()
             idle = owner.build()  # first: from now on the workers have an owner
             budget = self._parts.budget
+            if undrawn is not None:
+                try:
+                    self._draw_first(undrawn)
+                except BaseException:  # the sampler failed: no worker outlives iter()
+                    idle.stop(timeout=_ABANDON_S)
+                    raise
             if self._map_style:
                 feed = WorkerFeed(
                     workers,
