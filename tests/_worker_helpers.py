@@ -8,6 +8,7 @@ import os
 import random
 import re
 import signal
+import threading
 import time
 from typing import Any
 
@@ -156,3 +157,20 @@ class Staged(StagedDataset):
 
 def failing_init(worker_id: int) -> None:
     raise ValueError(f"worker {worker_id} cannot start")
+
+
+def stuck_init(worker_id: int) -> None:
+    """A ``worker_init_fn`` that never returns (in a worker process)."""
+    threading.Event().wait()
+
+
+class Keyed(Dataset):
+    """Samples by long string keys: a batch of keys is a large task to send."""
+
+    def __getitem__(self, key: str) -> int:
+        return len(key)
+
+
+def long_key_batches(n: int, per_batch: int) -> list[list[str]]:
+    """Batches of keys whose pickled task is larger than a pipe holds (64 KiB)."""
+    return [[f"{b:04d}-{i:05d}-" + "k" * 60 for i in range(per_batch)] for b in range(n)]

@@ -19,6 +19,7 @@ from _dl_helpers import MapData, assert_same_batches
 from _sync import WAIT
 from _worker_helpers import (
     Dies,
+    Keyed,
     RandomDraws,
     SmallArrays,
     Staged,
@@ -27,6 +28,8 @@ from _worker_helpers import (
     TorchWorkerInfo,
     Waits,
     failing_init,
+    long_key_batches,
+    stuck_init,
 )
 from torch.utils.data import DataLoader as TorchDataLoader
 
@@ -334,6 +337,33 @@ def test_timeout_with_a_stuck_worker_process(nothing_left: None) -> None:
     )
     with pytest.raises(RuntimeError, match="timed out"):
         list(loader)
+    del loader
+
+
+def test_timeout_while_a_worker_never_reads_its_large_first_task(nothing_left: None) -> None:
+    # Its first task (over 64 KiB) cannot be written while the worker is stuck in
+    # worker_init_fn: the loader's timeout must still hold (the write is not the loop's).
+    loader = DataLoader(
+        Keyed(),
+        batch_sampler=long_key_batches(4, 1500),
+        num_workers=2,
+        worker_type="process",
+        worker_init_fn=stuck_init,
+        timeout=0.5,
+    )
+    outcome: list[BaseException] = []
+
+    def loop(loader: DataLoader) -> None:
+        try:
+            list(loader)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=loop, args=(loader,), daemon=True)
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive(), "the loop hung writing the task"
+    assert len(outcome) == 1 and "timed out" in str(outcome[0])
     del loader
 
 
