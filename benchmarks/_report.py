@@ -81,7 +81,9 @@ GROUPS: dict[str, Group] = {
         "column is the issue's: at least 1.0x torch (1.5x for the 10 ms I/O dataset staged "
         "as `torch-spdl migrate` splits it; none for `worker_type='thread'`, an explicit "
         "choice shown for what it trades), peak PSS at most torch's; *met* when the "
-        "spreads separate, *on medians* when only the medians do. The path strings read a "
+        "spreads separate, *on medians* when only the medians do (peak PSS, bimodal run to "
+        "run: *not met* only when every run of ours is above every run of torch's). The "
+        "path strings read a "
         "fixed number of batches, not an epoch. The consumer is `touch` (reads every page "
         "of a batch) unless the row names `train` (a small CNN's step per batch) or `gpu` "
         "(2 ms holding the GIL, then 8 ms waiting without it).",

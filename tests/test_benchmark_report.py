@@ -96,6 +96,22 @@ def test_report_has_the_swap_tables_and_plot(tmp_path: Path) -> None:
     assert "](swap_ratios.png)" in text
 
 
+def _peaks(impl: str, peaks: list[float]) -> Result:
+    spec = Spec("swap", impl, 2, "swap_cell", (("cell", "ints"), ("impl", impl)), "ints")
+    runs = [Sample(samples=1, seconds=1.0, cpu_s=1.0, peak_mib=p, first_batch_s=0.1) for p in peaks]
+    return Result(spec, runs)
+
+
+def test_swap_memory_verdict_reads_a_bimodal_peak_as_a_tie() -> None:
+    from swap import memory_status
+
+    torch_runs = _peaks("torch", [567, 567, 662])  # the two modes of a training process
+    assert memory_status(torch_runs, _peaks("torch_spdl", [567, 567, 662])) == "met"
+    assert memory_status(torch_runs, _peaks("torch_spdl", [567, 662, 662])).startswith("met: a tie")
+    assert memory_status(torch_runs, _peaks("torch_spdl", [700, 710, 720])) == "**not met**"
+    assert memory_status(torch_runs, _peaks("torch_spdl", [450, 460, 470])) == "met"
+
+
 def _peer(workload: str, impl: str, rates: list[float], cpu_s: float = 1.0) -> Result:
     spec = Spec("peers", impl, 0, "peer_case", (("workload", workload),), label=workload)
     runs = [Sample(samples=int(r), seconds=1.0, cpu_s=cpu_s, peak_mib=300.0) for r in rates]
