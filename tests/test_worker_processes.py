@@ -259,7 +259,11 @@ def test_a_worker_that_exits_before_its_last_batch_is_named(code: int, nothing_l
     # Once the last batch is sent, the workers are told to exit when they are done: one
     # that exits before it made its batches, even with code 0, still failed.
     loader = DataLoader(
-        Dies(16, bad=15, how="exit", code=code), batch_size=2, num_workers=2, worker_type="process"
+        Dies(16, bad=15, how="exit", code=code),
+        batch_size=2,
+        num_workers=2,
+        worker_type="process",
+        timeout=WAIT,  # a lost batch fails the test instead of hanging it
     )
     got = []
     with pytest.raises(WorkerFailure, match=f"exit code {code}"):

@@ -40,7 +40,7 @@ class Outbox:
     def __init__(self, name: str) -> None:
         self._name = name
         self._sender: Sender | None = None
-        self._written: set[Connection] = set()  # pipes with a message sent
+        self._written: set[Connection] = set()  # pipes written before the sender existed
         self._stopped: set[Connection] = set()  # pipes with their Stop sent
         # The submitting thread and the one that stops the workers may both send.
         self._lock = threading.Lock()
@@ -52,15 +52,15 @@ class Outbox:
         with self._lock:
             if self._finished:
                 return
-            first = self._sender is None and pipe not in self._written
-            self._written.add(pipe)
-            data = dumps(message) if first else b""
-            if first and len(data) <= _FITS_EMPTY_PIPE:
-                try:
-                    pipe.send_bytes(data)
-                except (OSError, ValueError):
-                    pass  # the worker is gone: its exit is reported where its pipe is read
-                return
+            if self._sender is None and pipe not in self._written:  # its first message
+                self._written.add(pipe)
+                data = dumps(message)
+                if len(data) <= _FITS_EMPTY_PIPE:
+                    try:
+                        pipe.send_bytes(data)
+                    except (OSError, ValueError):
+                        pass  # the worker is gone: its exit is reported where its pipe is read
+                    return
             if self._sender is None:
                 self._sender = Sender(self._name)
             self._sender.send(pipe, message)
