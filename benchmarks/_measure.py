@@ -17,7 +17,9 @@ Measured for each run:
   every 50 ms from the parent over the run's whole life: the summed PSS
   (``/proc/<pid>/smaps_rollup``; RSS where that is missing), plus the shared-memory files
   (memfd, ``/dev/shm``) that a process of the tree holds open but none maps. Only in the
-  *memory runs* (below); a timed run has none.
+  *memory runs* (below); a timed run has none. ``peak_where`` says what that peak was
+  made of: the run's process and its descendants apart, each as anonymous, shared-memory
+  and file-backed PSS (``where_text``).
 
 Why memory is measured in runs of its own: reading ``smaps_rollup`` walks the page tables
 of a process, about 3 ms of CPU for one with torch imported, so sampling a training
@@ -126,6 +128,7 @@ class Sample:
     seconds: float
     cpu_s: float
     peak_mib: float | None = None  # a memory run's only (see the module's notes)
+    peak_where: str = ""  # a memory run's: what its peak was made of (``where_text``)
     first_batch_s: float | None = None
     foreign_cpu_s: float = 0.0  # other processes' CPU during the timed section
 
@@ -156,23 +159,37 @@ class Result:
         return [s.peak_mib for s in (*self.memory_runs, *self.runs) if s.peak_mib is not None]
 
 
-def pss_kb(pid: int) -> int:
-    """PSS of one process in kB (RSS where ``smaps_rollup`` is missing); 0 once it is gone."""
+_ROLLUP = ("Pss", "Pss_Anon", "Pss_File", "Pss_Shmem")
+
+
+def pss_parts_kb(pid: int) -> dict[str, int]:
+    """PSS of one process in kB, in all and by kind (``Pss``, ``Pss_Anon``, ``Pss_File``,
+    ``Pss_Shmem``; only ``Pss``, its RSS, where ``smaps_rollup`` is missing); empty once
+    the process is gone."""
+    parts: dict[str, int] = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
+                key, _, value = line.partition(":")
+                if key in _ROLLUP:
+                    parts[key] = int(value.split()[0])
+        if "Pss" in parts:
+            return parts
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         pass
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
+                    return {"Pss": int(line.split()[1])}
     except (FileNotFoundError, ProcessLookupError):
         pass
-    return 0
+    return {}
+
+
+def pss_kb(pid: int) -> int:
+    """PSS of one process in kB (RSS where ``smaps_rollup`` is missing); 0 once it is gone."""
+    return pss_parts_kb(pid).get("Pss", 0)
 
 
 def _shm_held_unmapped_kb(pids: list[int]) -> int:
@@ -219,20 +236,26 @@ def _tree(pid: int) -> list[int]:
 
 class PeakMemory:
     """Background thread: every 50 ms, the memory of ``pid`` and its descendants (summed
-    PSS, plus shared-memory files held open and mapped by none: see the module's notes)."""
+    PSS, plus shared-memory files held open and mapped by none: see the module's notes).
+    ``where`` says where the peak was: :func:`where_text` of the sample that set it."""
 
     def __init__(self, pid: int, interval: float = 0.05) -> None:
         self.pid = pid
         self.interval = interval
         self.peak_kb = 0
+        self.where = ""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
             pids = _tree(self.pid)
-            total = sum(pss_kb(p) for p in pids) + _shm_held_unmapped_kb(pids)
-            self.peak_kb = max(self.peak_kb, total)
+            parts = [pss_parts_kb(p) for p in pids]
+            unmapped = _shm_held_unmapped_kb(pids)
+            total = sum(p.get("Pss", 0) for p in parts) + unmapped
+            if total > self.peak_kb:
+                self.peak_kb = total
+                self.where = where_text(parts, unmapped)
             self._stop.wait(self.interval)
 
     def __enter__(self) -> PeakMemory:
@@ -242,6 +265,25 @@ class PeakMemory:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def where_text(parts: list[dict[str, int]], unmapped_kb: int) -> str:
+    """One sample's memory by process and kind, MiB: the run's own process, then its
+    descendants together (a loader's workers), then the unmapped shared files; e.g.
+    ``main 317 (anon 63, file 252, shmem 1); 4 children 317 (anon 254, file 36, shmem 25);
+    unmapped shm 0``. What a peak is made of says which side of a fork grew."""
+
+    def one(label: str, group: list[dict[str, int]]) -> str:
+        def mib(key: str) -> int:
+            return round(sum(p.get(key, 0) for p in group) / 1024)
+
+        kinds = ", ".join(f"{k[4:].lower()} {mib(k)}" for k in _ROLLUP[1:])
+        return f"{label} {mib('Pss')} ({kinds})"
+
+    text = [one("main", parts[:1])] if parts else []
+    if len(parts) > 1:
+        text.append(one(f"{len(parts) - 1} children", parts[1:]))
+    return "; ".join([*text, f"unmapped shm {round(unmapped_kb / 1024)}"])
 
 
 def _cpu_now(start_children: set[int]) -> float:
@@ -365,6 +407,7 @@ class Runner:
             seconds=float(out["seconds"]),
             cpu_s=float(out["cpu_s"]),
             peak_mib=sampler.peak_kb / 1024 if sampler is not None else None,
+            peak_where=sampler.where if sampler is not None else "",
             first_batch_s=out.get("first_batch_s"),
             foreign_cpu_s=float(out.get("foreign_cpu_s", 0.0)),
         )
@@ -391,11 +434,13 @@ def measure_all(
     sample_s: float = 0.05,
     memory_runs: int = 1,
     fresh_memory: bool = True,
+    retries: int = RETRIES,
 ) -> list[Result]:
     """Every spec ``memory_runs`` times with the memory sampler, then ``repeats`` times
     timed without it, all in ``interleave`` order, each in a fresh process, with a progress
     bar; a spec that fails once is not run again and keeps its error. A timed run that
-    other processes disturbed is run again (see the module's notes). ``fresh_memory``
+    other processes disturbed is run again, up to ``retries`` times (see the module's
+    notes; 0 where nobody reads the figures, as in CI beside the tests). ``fresh_memory``
     False (quick modes): memory runs are forkserver children too, 2 s sooner each."""
     from tqdm import tqdm
 
@@ -410,7 +455,7 @@ def measure_all(
             continue
         try:
             sample = runner.run(spec, memory)
-            for _ in range(0 if memory else RETRIES):
+            for _ in range(0 if memory else retries):
                 if not sample.disturbed(cores):
                     break
                 result.dropped += 1

@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))  # the per-topic benchmarks and helpers beside thi
 import image_decode  # noqa: E402
 import peers  # noqa: E402
 import swap  # noqa: E402
-from _measure import Spec, machine, measure_all  # noqa: E402
+from _measure import RETRIES, Spec, machine, measure_all  # noqa: E402
 from _report import GROUPS, write_report  # noqa: E402
 
 CONCURRENCY = (1, 2, 4, 8)
@@ -84,10 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="runs per figure (3; 5 full)")
     parser.add_argument("--out", type=Path, default=HERE / "report", help="report folder")
     parser.add_argument("--only", default="", help="only the groups whose key contains this")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=RETRIES,
+        help=f"runs again of a timed run that other processes disturbed ({RETRIES}; 0 in CI)",
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 5)
     if repeats < 1:
         parser.error(f"--repeats must be at least 1, got {repeats}")
+    if args.retries < 0:
+        parser.error(f"--retries must be 0 or more, got {args.retries}")
     unknown = args.only and not any(args.only in g for g in GROUPS)
     if unknown:
         parser.error(f"--only {args.only!r} matches no group; groups: {', '.join(GROUPS)}")
@@ -102,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             (Path(tmp) / "peers").mkdir()
             data, _ = peers.prepare(Path(tmp) / "peers", args.quick)
             specs += peers.plan(args.quick, data)[0]
-        results = measure_all(specs, repeats, fresh_memory=not args.quick)
+        results = measure_all(specs, repeats, fresh_memory=not args.quick, retries=args.retries)
     elapsed = time.perf_counter() - t0
     report = write_report(
         args.out,

@@ -1,7 +1,8 @@
 """Swap the import: one training-loop script, run with torch's DataLoader and with ours.
 
-Run: ``python benchmarks/swap.py [--quick] [--repeats N] [--only TEXT]``. Prints Markdown
-tables; asserts nothing. ``benchmarks/run.py`` runs the same cells for its report.
+Run: ``python benchmarks/swap.py [--quick] [--repeats N] [--only TEXT] [--workers N]
+[--peaks]``. Prints Markdown tables; asserts nothing. ``benchmarks/run.py`` runs the same
+cells for its report.
 
 Why: ``torch_spdl.DataLoader`` claims to be a drop-in for ``torch.utils.data.DataLoader``.
 The other benchmarks give each side its best knobs; this one changes *only the import*.
@@ -367,8 +368,10 @@ def _kw(**kwargs: object) -> tuple[tuple[str, object], ...]:
     return tuple(sorted(kwargs.items()))
 
 
-def worker_counts(quick: bool) -> tuple[int, ...]:
-    return (2,) if quick else (2, 4)
+def worker_counts(quick: bool, only: int = 0) -> tuple[int, ...]:
+    """The ``num_workers`` of every cell; ``only``: that one alone (0: all)."""
+    counts = (2,) if quick else (2, 4)
+    return tuple(w for w in counts if only in (0, w))
 
 
 CAP_S = (3.0, 8.0)  # a run stops after the batch that passes this (quick, full)
@@ -380,6 +383,7 @@ def plan(
     jpeg_count: int,
     only: str = "",
     consumers: tuple[str, ...] = ("touch",),
+    workers: int = 0,
 ) -> list[Spec]:
     """Every run configuration, torch before ours for each cell, consumer and worker count
     (a spec's label is the cell's key, with ``@consumer`` for other consumers than touch)."""
@@ -389,7 +393,7 @@ def plan(
             continue
         for consumer in consumers:
             label = c.key if consumer == "touch" else f"{c.key}@{consumer}"
-            for w in worker_counts(quick):
+            for w in worker_counts(quick, workers):
                 n = c.n[not quick] * (w if c.per_worker else 1) or jpeg_count
                 batches = c.batches[not quick] if c.batches else None
                 variants = c.variants if c.quick_variants or not quick else ()
@@ -532,6 +536,23 @@ def tables(results: list[Result]) -> list[str]:
     return ["### Throughput", "", *speed, "", "### Peak memory, first batch, CPU", "", *memory]
 
 
+def peak_listing(results: list[Result]) -> list[str]:
+    """Markdown: what each memory run's peak was made of, by process and kind (MiB)."""
+    lines = ["", "### Where each peak was (MiB)", ""]
+    listed: set[int] = set()  # torch's result heads its cell's variant rows too: once
+    for name, workers, *pair in rows(results):
+        for result in pair:
+            if result is None or id(result) in listed:
+                continue
+            listed.add(id(result))
+            for run in result.memory_runs:
+                where = run.peak_where or "not recorded"
+                lines.append(
+                    f"- {name}, {workers} workers, {result.spec.impl}: {run.peak_mib:.0f} = {where}"
+                )
+    return lines
+
+
 def _ratio_spread(t: Result | None, o: Result | None, metric: str) -> tuple[float, ...] | None:
     """Median ratio ours / torch, and the lowest and highest ratio the spreads allow."""
 
@@ -618,6 +639,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="2 workers only, smaller runs")
     parser.add_argument("--repeats", type=int, default=None, help="runs per figure (3; 5 full)")
     parser.add_argument("--only", default="", help="only the cells whose key contains this")
+    parser.add_argument("--workers", type=int, default=0, help="only this num_workers (2 or 4)")
+    parser.add_argument(
+        "--peaks", action="store_true", help="also list what each memory run's peak was made of"
+    )
     parser.add_argument(
         "--consumers",
         default=None,
@@ -639,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.render, "rb") as f:
             header, results = pickle.load(f)
         print(header)
-        print("\n".join(tables(results)))
+        print("\n".join(tables(results) + (peak_listing(results) if args.peaks else [])))
         return 0
     repeats = args.repeats or (3 if args.quick else 5)
     # A training process's peak memory is bimodal run to run (a full collection after the
@@ -652,6 +677,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--consumers: each of {', '.join(CONSUMERS)}")
     if not any(args.only in c.key for c in CELLS):
         parser.error(f"--only {args.only!r} matches no cell: {', '.join(CELL)}")
+    if not worker_counts(args.quick, args.workers):
+        parser.error(f"--workers: one of {worker_counts(args.quick)}")
     from image_decode import write_photo_folder
 
     info = machine()
@@ -659,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     count = 256 if args.quick else 1536
     with tempfile.TemporaryDirectory(prefix="torch_spdl_swap_") as tmp:
         write_photo_folder(Path(tmp), count)
-        specs = plan(args.quick, tmp, count, args.only, consumers)
+        specs = plan(args.quick, tmp, count, args.only, consumers, args.workers)
         results = measure_all(
             specs,
             repeats,
@@ -681,7 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.save, "wb") as f:
             pickle.dump((header, results), f)
     print(header)
-    print("\n".join(tables(results)))
+    print("\n".join(tables(results) + (peak_listing(results) if args.peaks else [])))
     for r in results:
         if r.error:
             print(f"failed: {r.spec.label} {r.spec.impl} {r.spec.param}: {r.error}")

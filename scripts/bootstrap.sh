@@ -11,8 +11,19 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e ".[dev]"
-.venv/bin/python -c "import torch, torchvision, av, lightning; print('torch', torch.__version__, '| torchvision', torchvision.__version__, '| av', av.__version__, '| lightning', lightning.__version__)"
+# --no-compile: no byte-compiling of the ~13,000 modules installed (minutes on a slow
+# machine). The check below imports what the package, its tests and its benchmarks start
+# every process with, and keeps their bytecode: only those are compiled, once. It writes
+# the bytecode even where PYTHONDONTWRITEBYTECODE is set (as on the machines this was
+# built on), or every new interpreter would compile torch's modules afresh: `import torch`
+# took 592-674 s from source against 236-276 s with bytecode on one slow day here (about 3 s
+# with bytecode on a quiet one).
+.venv/bin/python -m pip install -q --no-compile -e ".[dev]"
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "
+import torch, torchvision, av, lightning, matplotlib.pyplot
+import torch_spdl, torch_spdl.data, torch_spdl.io, torch_spdl.lightning
+import torch_spdl.migration, torch_spdl.streaming
+print('torch', torch.__version__, '| torchvision', torchvision.__version__, '| av', av.__version__, '| lightning', lightning.__version__)"
 if [ "${TORCH_SPDL_SKIP_DEMO:-0}" != "1" ]; then
   .venv/bin/python benchmarks/run.py --quick --out out/report
 fi

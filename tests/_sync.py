@@ -5,7 +5,12 @@ from __future__ import annotations
 import asyncio
 import threading
 
-WAIT = 10.0  # generous upper bound for any wait in a test; a bug fails instead of hanging
+# Hang guards, never measures: a correct run ends long before them, and a bug fails at them
+# instead of hanging. A guard that fires on a slow day is a flaky test: CI machines have run
+# 10-20x slower than a quiet one (a 50-70 s `import torch`, a docs build over 4 minutes).
+WAIT = 10.0  # any wait for an event inside a test (some tests' worker processes sit it out)
+CHILD_START_S = 300.0  # a wait that includes a child interpreter's start (spawn, imports)
+CHILD_S = 1500.0  # one child interpreter's whole run: an example, the docs build, a CLI call
 
 
 class Gate:

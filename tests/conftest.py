@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 
-GRACE_S = 5.0  # how long a thread or process at its last statement gets to finish
+GRACE_S = 30.0  # how long a thread or process at its last statement gets to finish (a guard)
 
 # Threads that are not ours and legitimately outlive a test (name prefix: why).
 ALLOWED_THREAD_PREFIXES: dict[str, str] = {}

@@ -112,6 +112,33 @@ def test_swap_memory_verdict_reads_a_bimodal_peak_as_a_tie() -> None:
     assert memory_status(torch_runs, _peaks("torch_spdl", [450, 460, 470])) == "met"
 
 
+def test_a_peak_says_which_process_and_kind_of_memory_made_it() -> None:
+    from _measure import where_text
+    from swap import peak_listing, plan
+
+    main = {"Pss": 300 * 1024, "Pss_Anon": 60 * 1024, "Pss_File": 240 * 1024, "Pss_Shmem": 0}
+    worker = {"Pss": 80 * 1024, "Pss_Anon": 64 * 1024, "Pss_File": 10 * 1024, "Pss_Shmem": 6144}
+    text = where_text([main, worker, worker], 21 * 1024)
+    assert text == (
+        "main 300 (anon 60, file 240, shmem 0); 2 children 160 (anon 128, file 20, shmem 12); "
+        "unmapped shm 21"
+    )
+    assert where_text([{"Pss": 2048}], 0) == "main 2 (anon 0, file 0, shmem 0); unmapped shm 0"
+
+    torch_r, ours = _peaks("torch", [480]), _peaks("torch_spdl", [530])
+    torch_r.memory_runs = [Sample(1, 1.0, 1.0, peak_mib=480, peak_where="main 480")]
+    ours.memory_runs = [Sample(1, 1.0, 1.0, peak_mib=530), Sample(1, 1.0, 1.0, peak_mib=529)]
+    listing = peak_listing([torch_r, ours])
+    assert listing[3:] == [
+        "- 6. trivial ints, batch 32, 2 workers, torch: 480 = main 480",
+        "- 6. trivial ints, batch 32, 2 workers, torch_spdl: 530 = not recorded",
+        "- 6. trivial ints, batch 32, 2 workers, torch_spdl: 529 = not recorded",
+    ]
+
+    specs = plan(False, "/nowhere", 8, only="ints", workers=4)
+    assert {s.param for s in specs} == {4} and {s.impl for s in specs} == {"torch", "torch_spdl"}
+
+
 def _peer(workload: str, impl: str, rates: list[float], cpu_s: float = 1.0) -> Result:
     spec = Spec("peers", impl, 0, "peer_case", (("workload", workload),), label=workload)
     runs = [Sample(samples=int(r), seconds=1.0, cpu_s=cpu_s, peak_mib=300.0) for r in rates]

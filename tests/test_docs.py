@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _sync import CHILD_S
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -33,7 +34,7 @@ def test_docs_build_without_warnings(tmp_path: Path) -> None:
         ],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=CHILD_S,
     )
     assert done.returncode == 0, done.stderr[-5000:]
     assert "WARNING" not in done.stderr and "ERROR" not in done.stderr, done.stderr[-5000:]

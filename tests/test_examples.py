@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _sync import CHILD_S
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -28,7 +29,7 @@ def test_example_runs(script: str, args: list[str], expect: str) -> None:
         [sys.executable, str(EXAMPLES / script), *args],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=CHILD_S,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert expect in done.stdout, done.stdout[-3000:]

@@ -20,13 +20,13 @@ import weakref
 
 import pytest
 import torch
-from _sync import WAIT
+from _sync import CHILD_S, CHILD_START_S, WAIT
 from torch.utils.data import Dataset
 
 from torch_spdl import DataLoader, get_worker_info
 from torch_spdl.pipeline import PipelineBuilder, PipelineFailure, defs
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(CHILD_S)
 
 
 def _fds() -> int:
@@ -45,9 +45,9 @@ def test_failed_pipelines_are_freed_without_the_cycle_collector(region: bool) ->
     drops it (no cycle through its failure, its traceback, its frames), and the descriptors
     it opened are closed (after a collection for a process region, whose process objects
     are part of its stages' graph)."""
+    gc.collect()  # first: garbage an earlier test left may still hold descriptors
     before = _fds()
     refs = []
-    gc.collect()
     gc.disable()
     try:
         for _ in range(20):
@@ -64,7 +64,8 @@ def test_failed_pipelines_are_freed_without_the_cycle_collector(region: bool) ->
             refs.append(weakref.ref(pipeline))
             with pytest.raises(PipelineFailure):
                 with pipeline.auto_stop():
-                    for _ in pipeline.get_iterator(timeout=WAIT):
+                    # a region's first item waits for its worker interpreter to start
+                    for _ in pipeline.get_iterator(timeout=CHILD_START_S if region else WAIT):
                         pass
             del pipeline, builder
         assert [r for r in refs if r() is not None] == []
@@ -130,7 +131,7 @@ def test_a_thread_loader_alive_at_exit_leaves_no_waiting_thread(tmp_path: os.Pat
         """
     )
     out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT * 4
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=CHILD_S
     )
     assert out.returncode == 0, out.stderr
     assert "exiting" in out.stdout
@@ -212,10 +213,10 @@ def test_failed_loaders_leave_no_descriptor_or_mapping(options: dict) -> None:
     collector."""
     from torch_spdl.data import WorkerFailure
 
+    gc.collect()  # first: garbage an earlier test left may still hold descriptors
     fds, maps = _fds(), _arena_maps()
     threads = set(threading.enumerate())
     refs, errors = [], []
-    gc.collect()
     gc.disable()
     try:
         for _ in range(6):

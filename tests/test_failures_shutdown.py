@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
 
 import pytest
-from _sync import WAIT, Gate
+from _sync import CHILD_S, CHILD_START_S, WAIT, Gate
 
 from torch_spdl.pipeline import (
     PipelineBuilder,
@@ -32,7 +32,7 @@ from torch_spdl.pipeline import (
     run_pipeline_in_subprocess,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(600)
 
 LOGGER = "torch_spdl.pipeline"
 
@@ -642,7 +642,7 @@ def test_add_stoppable_needs_a_shutdown_method():
 def test_iterate_in_subprocess_child_exit_raises_subprocess_error():
     got = []
     with pytest.raises(SubprocessError) as info:  # a missed death would raise TimeoutError
-        for x in iterate_in_subprocess(_die_midstream, timeout=30):
+        for x in iterate_in_subprocess(_die_midstream, timeout=CHILD_START_S):
             got.append(x)
     assert got == [0, 1, 2]
     assert "code 3" in str(info.value)
@@ -651,7 +651,7 @@ def test_iterate_in_subprocess_child_exit_raises_subprocess_error():
 def test_iterate_in_subprocess_reraises_child_error():
     got = []
     with pytest.raises(Boom, match="raised in the child"):
-        for x in iterate_in_subprocess(_raise_in_child, timeout=30):
+        for x in iterate_in_subprocess(_raise_in_child, timeout=CHILD_START_S):
             got.append(x)
     assert got == ["a"]
 
@@ -660,7 +660,7 @@ def test_run_pipeline_in_subprocess_child_exit_raises_subprocess_error():
     builder = PipelineBuilder().add_source(range(20)).pipe(_exit_at_5).add_sink(2)
     got = []
     with pytest.raises(SubprocessError) as info:
-        for x in run_pipeline_in_subprocess(builder, timeout=30):
+        for x in run_pipeline_in_subprocess(builder, timeout=CHILD_START_S):
             got.append(x)
     assert got == list(range(len(got))) and len(got) <= 5
     assert "code 4" in str(info.value)
@@ -726,7 +726,7 @@ def test_a_pipeline_running_at_interpreter_exit_is_stopped_first():
     import subprocess
 
     proc = subprocess.run(
-        [sys.executable, "-c", _EXIT_SCRIPT], capture_output=True, text=True, timeout=WAIT * 4
+        [sys.executable, "-c", _EXIT_SCRIPT], capture_output=True, text=True, timeout=CHILD_S
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "leaving with the pipeline running" in proc.stdout

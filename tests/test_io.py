@@ -18,6 +18,7 @@ import av
 import numpy as np
 import pytest
 import torch
+from _sync import CHILD_S
 from PIL import Image
 
 import torch_spdl.io as tio
@@ -395,7 +396,7 @@ def test_forking_from_another_thread_after_decoding_does_not_hang(jpeg: bytes) -
         [sys.executable, "-c", _FORK_AFTER_DECODE],
         input=jpeg,
         capture_output=True,
-        timeout=120,
+        timeout=CHILD_S,
     )
     assert run.returncode == 0, run.stderr.decode()[-2000:]
     assert run.stdout.decode().strip() == "[1, 2, 3]"

@@ -10,6 +10,7 @@ import sys
 import warnings
 
 import pytest
+from _sync import CHILD_S
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -215,7 +216,7 @@ def test_ddp_staged_datamodule_uses_distributed_random_sampler(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=CHILD_S,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     _check_ddp(read_ranks(str(tmp_path), "staged", 2), LightningDistributedRandomSampler.__name__)

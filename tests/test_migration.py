@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from _migration_cases import CASES, EXPECTED, assert_same, load_module, make_data
+from _sync import CHILD_S
 
 import torch_spdl
 from torch_spdl import StagedDataset
@@ -397,7 +398,7 @@ def test_left_alone_with_a_reason() -> None:
 def _cli(*args: str, script: bool = False) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).parent / "torch-spdl"
     cmd = [str(exe)] if script else [sys.executable, "-m", "torch_spdl"]
-    return subprocess.run([*cmd, "migrate", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([*cmd, "migrate", *args], capture_output=True, text=True, timeout=CHILD_S)
 
 
 def test_cli_dry_run_then_write(tmp_path: Path) -> None:
@@ -802,7 +803,7 @@ def test_a_write_stopped_midway_leaves_the_file_whole_and_no_temporary_file(
         [sys.executable, "-c", _LIMITED, kill, str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=CHILD_S,
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
     )
     assert big.read_text() == text

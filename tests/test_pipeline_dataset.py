@@ -26,7 +26,7 @@ from torch_spdl import PipelineDataset
 from torch_spdl.pipeline import PipelineBuilder
 from torch_spdl.source import DistributedRandomSampler
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(600)
 
 N = 100
 

@@ -44,7 +44,7 @@ SETTINGS = settings(
 
 # No correct pipeline in this file needs more than a fraction of a second per item, so a
 # consumer that waits this long for one means the pipeline is stuck.
-ITEM_TIMEOUT = 30.0
+ITEM_TIMEOUT = 120.0
 
 OP_KINDS = ("fn", "afn", "gen", "agen")
 ASYNC_KINDS = ("afn", "agen")

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from fractions import Fraction
 
 import pytest
-from _sync import WAIT
+from _sync import CHILD_START_S, WAIT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -1296,7 +1296,7 @@ def test_a_continuous_pipeline_in_a_subprocess_yields_an_epoch_per_iteration():
     from torch_spdl.pipeline import run_pipeline_in_subprocess
 
     config = PipelineBuilder().add_source(_CountingShuffled(4), continuous=True).get_config()
-    result = run_pipeline_in_subprocess(config, timeout=WAIT)
+    result = run_pipeline_in_subprocess(config, timeout=CHILD_START_S)
     assert [list(result) for _ in range(3)] == [_expected_pass(4, e) for e in range(3)]
     result.close()
 
@@ -1790,8 +1790,8 @@ def test_a_pipeline_fed_by_a_subprocess_stops_without_waiting_for_its_next_item(
 
     source = run_pipeline_in_subprocess(PipelineBuilder().add_source(_Stalling()).get_config())
     pipeline = PipelineBuilder().add_source(source).build()
-    with pipeline.auto_stop(timeout=WAIT):
-        assert [pipeline.get_item(timeout=WAIT) for _ in range(3)] == [0, 1, 2]
+    with pipeline.auto_stop(timeout=WAIT):  # the first item waits for the child's start
+        assert [pipeline.get_item(timeout=CHILD_START_S) for _ in range(3)] == [0, 1, 2]
     # stopping ended the child, so the source thread was not left waiting for an item
     assert not [t for t in threading.enumerate() if t.name == "torch_spdl-source"]
     source.close()
@@ -1802,10 +1802,11 @@ def test_a_continuous_pipeline_over_a_subprocess_keeps_one_child_across_epochs()
     from torch_spdl.pipeline import run_pipeline_in_subprocess
 
     backend = PipelineBuilder().add_source(_CountingShuffled(5)).get_config()
-    source = run_pipeline_in_subprocess(backend, timeout=WAIT)
+    source = run_pipeline_in_subprocess(backend, timeout=CHILD_START_S)
     pipeline = PipelineBuilder().add_source(source, continuous=True).build()
     with pipeline.auto_stop():
-        epochs = [list(pipeline.get_iterator(timeout=WAIT)) for _ in range(3)]
+        # the first epoch's first item waits for the child's start
+        epochs = [list(pipeline.get_iterator(timeout=CHILD_START_S)) for _ in range(3)]
     assert epochs == [_expected_pass(5, e) for e in range(3)]  # the child's source went on
     source.close()
 

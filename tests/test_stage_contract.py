@@ -28,7 +28,7 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-ITEM_TIMEOUT = 30.0  # a guard against a hang, never a measure: no correct run comes close
+ITEM_TIMEOUT = 120.0  # a guard against a hang, never a measure: no correct run comes close
 
 SOURCES = ("sync", "async")
 STAGES = ("none", "thread", "async")  # the op stage between the source and aggregate
