@@ -553,6 +553,11 @@ def peak_listing(results: list[Result]) -> list[str]:
     return lines
 
 
+def report_text(results: list[Result], peaks: bool) -> str:
+    """The tables, and with ``peaks`` what each memory run's peak was made of."""
+    return "\n".join(tables(results) + (peak_listing(results) if peaks else []))
+
+
 def _ratio_spread(t: Result | None, o: Result | None, metric: str) -> tuple[float, ...] | None:
     """Median ratio ours / torch, and the lowest and highest ratio the spreads allow."""
 
@@ -664,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.render, "rb") as f:
             header, results = pickle.load(f)
         print(header)
-        print("\n".join(tables(results) + (peak_listing(results) if args.peaks else [])))
+        print(report_text(results, args.peaks))
         return 0
     repeats = args.repeats or (3 if args.quick else 5)
     # A training process's peak memory is bimodal run to run (a full collection after the
@@ -708,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.save, "wb") as f:
             pickle.dump((header, results), f)
     print(header)
-    print("\n".join(tables(results) + (peak_listing(results) if args.peaks else [])))
+    print(report_text(results, args.peaks))
     for r in results:
         if r.error:
             print(f"failed: {r.spec.label} {r.spec.impl} {r.spec.param}: {r.error}")

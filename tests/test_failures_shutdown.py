@@ -719,6 +719,7 @@ print("leaving with the pipeline running", flush=True)
 """
 
 
+@pytest.mark.timeout(CHILD_S)  # its child interpreter is guarded by CHILD_S, not the module's
 def test_a_pipeline_running_at_interpreter_exit_is_stopped_first():
     """A script that ends while its pipeline runs exits cleanly: the pipeline's finalizer
     stops and joins its threads before the interpreter finalizes (a daemon thread inside a
