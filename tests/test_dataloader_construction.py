@@ -90,6 +90,9 @@ def test_constructor_raises_what_torch_raises(case: str) -> None:
         {"collate_concurrency": 0},
         {"buffer_size": 0},
         {"max_failures": -1},
+        {"worker_nice": -1},
+        {"worker_nice": 1.5},
+        {"worker_nice": True},
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )

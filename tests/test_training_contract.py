@@ -10,6 +10,7 @@ worker that crashes is an exception in the loop, after which the next epoch runs
 from __future__ import annotations
 
 import hashlib
+import os
 import random
 import subprocess
 import sys
@@ -108,7 +109,7 @@ def test_fakedata_samples_are_exactly_ds_i(num_workers: int) -> None:
 
 _PROCESS_STATE = textwrap.dedent(
     """
-    import ctypes, json, sys
+    import ctypes, json, os, sys
     import torch
 
     code = torch.utils.data.get_worker_info.__code__  # before torch_spdl is imported
@@ -144,11 +145,13 @@ _PROCESS_STATE = textwrap.dedent(
         def __getitem__(self, i): return torch.full((64, 64), float(i))
 
     threads = torch.get_num_threads()
+    nice = os.nice(0)
     before = mapped_when_freed_big_block_before()
     loader = torch_spdl.DataLoader(Squares(), batch_size=8, num_workers=int(sys.argv[1]))
     total = sum(float(b.sum()) for b in loader)
     print(json.dumps({
         "threads": [threads, torch.get_num_threads()],
+        "nice": [nice, os.nice(0)],
         "mapped": [before, mapped_when_freed_big_block_before()],
         "total": total,
         "torch_functions_untouched": torch.utils.data.get_worker_info.__code__ is code,
@@ -170,8 +173,43 @@ def test_the_training_process_is_left_alone(num_workers: int) -> None:
     state = json.loads(out.stdout.strip().splitlines()[-1])
     assert state["total"] == sum(i * 64 * 64 for i in range(64))
     assert state["threads"][0] == state["threads"][1]
+    assert state["nice"][0] == state["nice"][1]
     assert state["mapped"] == [0, 0]
     assert state["torch_functions_untouched"]
+
+
+class Niceness(Dataset):
+    """Each sample is the niceness of the process that loads it, and what
+    ``worker_init_fn`` saw there."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        return os.nice(0), _INIT_NICE.get(os.getpid(), -100)
+
+
+_INIT_NICE: dict[int, int] = {}
+
+
+def _record_nice(worker_id: int) -> None:
+    _INIT_NICE[os.getpid()] = os.nice(0)
+
+
+@pytest.mark.parametrize("worker_nice", [None, 0, 3])
+def test_worker_processes_yield_the_cores_to_the_training_loop(worker_nice: int | None) -> None:
+    own = os.nice(0)
+    kwargs = {} if worker_nice is None else {"worker_nice": worker_nice}
+    loader = torch_spdl.DataLoader(
+        Niceness(), batch_size=2, num_workers=2, worker_init_fn=_record_nice, **kwargs
+    )
+    seen = {
+        tuple(pair) for batch in loader for pair in zip(*(t.tolist() for t in batch), strict=True)
+    }
+    expected = min(own + (10 if worker_nice is None else worker_nice), 19)
+    # every sample, and worker_init_fn before them, ran at the raised niceness
+    assert seen == {(expected, expected)}
+    assert os.nice(0) == own  # the training process keeps its own
 
 
 class Segfaults(Dataset):

@@ -96,10 +96,16 @@ class DataLoader(_TorchDataLoader[_T_co]):
             and the epoch goes on.
         per_worker_dataset: with worker threads, give each its own shallow copy of the dataset,
             as each of torch's worker processes has its own (default); False shares one.
+        worker_nice: added to each worker process's niceness (``os.nice``) as it starts,
+            before ``worker_init_fn`` (default 10; 0 leaves it as torch's workers have it):
+            when the training loop and the workers both want a core, the training loop
+            gets it, and the workers load in what it leaves. Worker threads and the
+            training process are not touched (docs/dataloader.md, "Worker priority").
 
     Raises:
         ValueError: for an unknown ``worker_type``, a knob that is not a positive int (or
-            ``"auto"`` where allowed), a negative ``max_failures``, or what torch rejects.
+            ``"auto"`` where allowed), a negative ``max_failures`` or ``worker_nice``, or
+            what torch rejects.
     """
 
     def __init__(
@@ -130,6 +136,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         device: str | torch.device | None = None,
         max_failures: int = 0,
         per_worker_dataset: bool = True,
+        worker_nice: int = 10,
     ) -> None:
         super().__init__(
             dataset,
@@ -150,23 +157,15 @@ class DataLoader(_TorchDataLoader[_T_co]):
             pin_memory_device=pin_memory_device,
             in_order=in_order,
         )
-        if worker_type not in _WORKER_TYPES:
-            raise ValueError(
-                f"worker_type must be 'auto', 'thread' or 'process', got {worker_type!r}"
-            )
-        for knob, value in (
-            ("io_concurrency", io_concurrency),
-            ("cpu_concurrency", cpu_concurrency),
-            ("collate_concurrency", collate_concurrency),
-            ("buffer_size", buffer_size),
-        ):
-            if value == "auto" and knob != "buffer_size":
-                continue
-            if value is not None and (not isinstance(value, int) or value < 1):
-                what = "a positive int" if knob == "buffer_size" else "a positive int or 'auto'"
-                raise ValueError(f"{knob} must be {what}, got {value!r}")
-        if max_failures < 0:
-            raise ValueError(f"max_failures must be >= 0, got {max_failures!r}")
+        _check_own_knobs(
+            worker_type,
+            io_concurrency=io_concurrency,
+            cpu_concurrency=cpu_concurrency,
+            collate_concurrency=collate_concurrency,
+            buffer_size=buffer_size,
+            max_failures=max_failures,
+            worker_nice=worker_nice,
+        )
         self.io_concurrency = io_concurrency
         self.cpu_concurrency = cpu_concurrency
         self.collate_concurrency = collate_concurrency
@@ -175,6 +174,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self.device = device
         self.max_failures = max_failures
         self.per_worker_dataset = per_worker_dataset
+        self.worker_nice = worker_nice
         self.check_worker_number_rationality()
         if worker_type != "process" or isinstance(dataset, StagedDataset):
             # Loader threads will run user code: torch.utils.data.get_worker_info() must
@@ -247,6 +247,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             worker_type=self.worker_type,
             worker_init_fn=self.worker_init_fn,
             per_worker_dataset=self.per_worker_dataset,
+            worker_nice=self.worker_nice,
             persistent_workers=self.persistent_workers,
             multiprocessing_context=self.multiprocessing_context,
             prefetch_factor=self.prefetch_factor or 2,
@@ -306,3 +307,22 @@ class DataLoader(_TorchDataLoader[_T_co]):
             set_rng_state(self.generator, state["rng_state"])
             return
         self._resume = dict(state)
+
+
+def _check_own_knobs(
+    worker_type: str, *, max_failures: int, worker_nice: int, **concurrency: Any
+) -> None:
+    """Raise ValueError for a value of the arguments torch does not have that is not
+    allowed (the messages name the argument and the value)."""
+    if worker_type not in _WORKER_TYPES:
+        raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', got {worker_type!r}")
+    for knob, value in concurrency.items():
+        if value == "auto" and knob != "buffer_size":
+            continue
+        if value is not None and (not isinstance(value, int) or value < 1):
+            what = "a positive int" if knob == "buffer_size" else "a positive int or 'auto'"
+            raise ValueError(f"{knob} must be {what}, got {value!r}")
+    if max_failures < 0:
+        raise ValueError(f"max_failures must be >= 0, got {max_failures!r}")
+    if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or worker_nice < 0:
+        raise ValueError(f"worker_nice must be an int >= 0, got {worker_nice!r}")

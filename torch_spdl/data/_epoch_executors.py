@@ -120,4 +120,5 @@ class EpochExecutors:
                 else (plan.batch_size if plan.auto_collation else None, plan.drop_last)
             ),
             receiver=receiver,
+            nice=plan.worker_nice,
         )

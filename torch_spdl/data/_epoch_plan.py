@@ -63,6 +63,8 @@ class EpochPlan:
     worker_type: Literal["auto", "thread", "process"]
     worker_init_fn: Callable[[int], None] | None
     per_worker_dataset: bool
+    #: added to each worker process's niceness as it starts.
+    worker_nice: int
     persistent_workers: bool
     multiprocessing_context: Any
     #: batches in flight per worker (torch's ``prefetch_factor``, 2 when unset).

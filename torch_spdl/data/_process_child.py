@@ -130,7 +130,8 @@ def worker_main(
     gc.freeze()
     return_large_blocks()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
-    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable = config
+    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable, nice = config
+    _lower_priority(nice)
     install_torch_worker_info()  # this process is the loader's: collate then sees no worker
     try:
         set_process_worker_info(wid, num_workers, base_seed, dataset)
@@ -180,6 +181,23 @@ def worker_main(
             results, _load(task, values, indices, dataset, steps, collate_fn, auto_collation, arena)
         )
     os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
+
+
+def _lower_priority(nice: int) -> None:
+    """Yield the cores to the training loop: a worker only prepares batches ahead, while a
+    training step stalls whenever one of its threads loses its core (its other intra-op
+    threads wait at the next barrier). With a higher niceness the scheduler runs the
+    worker in what the training process leaves, and rarely preempts a training thread to
+    wake it. Measured on 2 cores with a small CNN training, by ``benchmarks/swap.py``
+    (7 runs a side, against torch's loader): niceness 0 gave 1.00x on 3x224x224 images
+    with 4 workers and 1.03x on JPEG files with 2, niceness 10 gave 1.13x and 1.17x.
+    Raising niceness needs no privilege; where the system refuses it, the worker runs as
+    it is."""
+    if nice:
+        try:
+            os.nice(nice)
+        except OSError:
+            pass
 
 
 def _space(

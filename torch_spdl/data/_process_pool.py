@@ -106,6 +106,7 @@ class ProcessWorkers:
         iterable: an ``IterableDataset``'s ``(batch_size, drop_last)``, or None.
         receiver: read results on a receiver thread (for a pipeline); False: in the thread
             that calls :meth:`result`, which then never blocks on a free arena either.
+        nice: added to each worker's niceness as it starts (see :func:`worker_main`).
     """
 
     def __init__(
@@ -121,6 +122,7 @@ class ProcessWorkers:
         stage_fns: Callable[[Any, int], Sequence[Callable[[Any], Any]]] | None = None,
         iterable: tuple[int | None, bool] | None = None,
         receiver: bool = True,
+        nice: int = 0,
     ) -> None:
         ctx = mp_context
         if ctx is None or isinstance(ctx, str):
@@ -150,6 +152,7 @@ class ProcessWorkers:
             collate_fn,
             auto_collation,
             iterable,
+            nice,
         )
         self._watch: Watch[_Worker] = Watch(self._wake_r)
         for w in self._workers:
