@@ -100,7 +100,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             before ``worker_init_fn`` (default 10; 0 leaves it as torch's workers have it):
             when the training loop and the workers both want a core, the training loop
             gets it, and the workers load in what it leaves. Worker threads and the
-            training process are not touched (docs/dataloader.md, "Worker priority").
+            training process are not touched (docs/dataloader.md, "Decisions").
 
     Raises:
         ValueError: for an unknown ``worker_type``, a knob that is not a positive int (or
