@@ -116,6 +116,9 @@ class BulkEnds(Generic[T]):
                 self._wake_next_putter()
             return False
         if self._abort is not None:
+            # Staged after abort() dropped the rest: dropped too, or the segment, which the
+            # channel keeps, would hold them (a failed loader's batches and their arenas).
+            segment.clear()
             raise ChannelAborted(self._abort.reason)  # fresh: see abort()
         if self._closed:
             raise RuntimeError(f"put() on closed channel {self.name!r}")
