@@ -106,7 +106,8 @@ class ProcessWorkers:
         iterable: an ``IterableDataset``'s ``(batch_size, drop_last)``, or None.
         receiver: read results on a receiver thread (for a pipeline); False: in the thread
             that calls :meth:`result`, which then never blocks on a free arena either.
-        nice: added to each worker's niceness as it starts (see :func:`worker_main`).
+        nice: added to each worker's niceness as it starts (why: in
+            ``_process_child._lower_priority``).
     """
 
     def __init__(
