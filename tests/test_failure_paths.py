@@ -77,6 +77,47 @@ def test_failed_pipelines_are_freed_without_the_cycle_collector(region: bool) ->
     assert _fds() == before
 
 
+class _Made:
+    """An item a test can watch with a weak reference."""
+
+
+def test_what_stop_keeps_for_get_item_goes_with_the_pipeline() -> None:
+    """A pipeline started explicitly keeps what its sink held at ``stop()`` for
+    ``get_item()``; dropped, it frees those items at once, without the cycle collector,
+    though its failed run's stages are left for the collector (an out-of-order loader
+    whose worker died kept its last batch, and that batch's arena, until a collection)."""
+    made: list[weakref.ref] = []
+    failed = threading.Event()
+
+    def make(x: int) -> _Made:
+        if x == 3:  # one worker: items 0-2 are in the sink (or staged for it) by now
+            failed.set()
+            raise ValueError(f"bad item {x}")
+        item = _Made()
+        made.append(weakref.ref(item))
+        return item
+
+    pipeline = (
+        PipelineBuilder()
+        .add_source(range(8))
+        .pipe(make)
+        .add_sink(8)
+        .build(num_threads=1, max_failures=0)
+    )
+    gc.collect()
+    gc.disable()
+    try:
+        pipeline.start()
+        assert failed.wait(WAIT)
+        with pytest.raises(PipelineFailure):
+            pipeline.stop()
+        assert len([r for r in made if r() is not None]) == 3  # kept for get_item()
+        del pipeline
+        assert [r for r in made if r() is not None] == []
+    finally:
+        gc.enable()
+
+
 def test_a_stuck_op_does_not_hold_up_a_timeout_or_a_break(caplog: pytest.LogCaptureFixture) -> None:
     """An op that never returns (until the test lets it go): the iterator's timeout raises,
     and stopping does not wait for the op; its thread is left, a daemon, named in a

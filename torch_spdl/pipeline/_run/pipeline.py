@@ -60,6 +60,7 @@ class Pipeline(Generic[T]):
         # Taken from the sink in bulk and not yet handed out (module notes of _iterate):
         # still the sink's, for iteration and get_item alike.
         self._held: deque[Any] = deque()
+        self._kept: deque[Any] = deque()  # what get_item() still hands out after stop()
 
     def __repr__(self) -> str:
         return f"Pipeline({self._description})"
@@ -100,7 +101,14 @@ class Pipeline(Generic[T]):
             except IndexError:
                 break
         if self._explicit:
-            self._sink.kept.extendleft(reversed(taken))
+            # For get_item() after stop(): what was taken, then what the sink held, the
+            # pipeline's alone from here. Left in the sink, which the stages hold too (a
+            # failed run leaves them in reference cycles), a dropped pipeline's batches
+            # stayed until the cycle collector ran.
+            self._kept.extend(taken)
+            sink_kept = self._sink.kept
+            while sink_kept:
+                self._kept.append(sink_kept.popleft())
         # Stopped: nothing is left for the finalizer to do, and kept, it would keep the
         # runtime, its failure, the failure's traceback and every frame and batch that
         # holds alive (the finalizer registry is never collected).
@@ -158,8 +166,8 @@ class Pipeline(Generic[T]):
             _next_epoch(self)
         elif self._held:
             return self._held.popleft()  # taken from the sink in bulk by an iteration
-        elif self._runtime.state == "stopped" and self._sink.kept:
-            return self._sink.kept.popleft()  # what was buffered when stop() came
+        elif self._runtime.state == "stopped" and self._kept:
+            return self._kept.popleft()  # what was buffered when stop() came
         try:
             item = self._sink.get(timeout)
         except ChannelAborted as aborted:
