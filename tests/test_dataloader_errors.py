@@ -8,9 +8,11 @@ rather than hangs), never with sleeps.
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import threading
 import warnings
+from typing import Any
 
 import pytest
 import torch
@@ -258,6 +260,53 @@ def test_unpicklable_batch_names_cause_and_samples_and_the_epoch_goes_on() -> No
     notes = " ".join(exc.value.__notes__)
     assert "[4, 5]" in notes and "batch 2" in notes, notes
     assert list(it) == [[6, 7]]
+
+
+class _LogsLoads(Dataset):
+    """Ints; each index loaded is appended to a file, from whichever process loads it.
+    Index ``hold`` first sets ``entered`` and waits for ``release`` (process events)."""
+
+    def __init__(self, n: int, path: str, hold: int, entered: Any, release: Any) -> None:
+        self.n, self.path, self.hold = n, path, hold
+        self.entered, self.release = entered, release
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.hold:
+            self.entered.set()
+            if not self.release.wait(WAIT):
+                raise TimeoutError("the test never released the sample")
+        with open(self.path, "a") as log:
+            log.write(f"{i}\n")
+        return i
+
+
+@pytest.mark.parametrize("impl", ["torch", "torch_spdl"])
+def test_a_break_with_persistent_workers_loads_what_torchs_loads(impl: str, tmp_path: Any) -> None:
+    """A break while a persistent worker makes a batch: it makes that batch and those it
+    was handed after it before the next epoch's, as torch's does (the worker's random
+    draws, and its dataset's state, are then torch's in the next epoch)."""
+    fork = multiprocessing.get_context("fork")
+    entered, release = fork.Event(), fork.Event()
+    log = tmp_path / "loaded.txt"
+    dataset = _LogsLoads(8, str(log), hold=1, entered=entered, release=release)
+    loader_class = TorchDataLoader if impl == "torch" else DataLoader
+    loader = loader_class(
+        dataset, batch_size=1, num_workers=1, prefetch_factor=2, persistent_workers=True
+    )
+    try:
+        it = iter(loader)
+        assert next(it).tolist() == [0]  # batches 1 and 2 are the worker's by now
+        assert entered.wait(WAIT)  # it is making batch 1
+        del it  # the break
+        release.set()
+        assert [b.item() for b in loader] == list(range(8))
+        assert [int(line) for line in log.read_text().split()] == [0, 1, 2, *range(8)]
+    finally:
+        if impl == "torch_spdl":
+            loader.shutdown()
 
 
 def _running_frames() -> set[int]:

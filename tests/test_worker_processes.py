@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import multiprocessing
 import os
 import threading
 import warnings
@@ -522,3 +523,51 @@ def test_iterable_dataset_in_worker_processes(persistent: bool, nothing_left: No
     if persistent:
         loader.shutdown()
     del loader, kept
+
+
+class _HeldFirst(torch.utils.data.Dataset):
+    """Ints; index 0 sets ``entered``, waits for ``release``, then ``finished``; every
+    index loaded is appended to a file (process events and a file: the worker's side)."""
+
+    def __init__(self, path: str, entered: Any, release: Any, finished: Any) -> None:
+        self.path, self.entered, self.release, self.finished = path, entered, release, finished
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 0:
+            self.entered.set()
+            if not self.release.wait(WAIT):
+                raise TimeoutError("the test never released the sample")
+        with open(self.path, "a") as log:
+            log.write(f"{i}\n")
+        if i == 0:
+            self.finished.set()
+        return i
+
+
+def test_workers_being_stopped_skip_the_batches_they_have_not_begun(tmp_path: Any) -> None:
+    """Cancelled for good (the pool is about to stop its workers: an epoch's end, a
+    break), a worker finishes the batch it is making and loads none of the others it was handed,
+    as torch's workers skip theirs once their iterator shuts down: stopping never waits
+    for batches nobody will read."""
+    from torch.utils.data import default_collate
+
+    from torch_spdl.data._process_pool import ProcessWorkers
+
+    fork = multiprocessing.get_context("fork")
+    entered, release, finished = fork.Event(), fork.Event(), fork.Event()
+    log = tmp_path / "loaded.txt"
+    dataset = _HeldFirst(str(log), entered, release, finished)
+    pool = ProcessWorkers(dataset, 1, 0, None, default_collate, True, in_flight=3, receiver=False)
+    try:
+        for b in range(3):
+            pool.submit(b, [b], None, [b])
+        assert entered.wait(WAIT)  # making batch 0; batches 1 and 2 are in its pipe
+        pool.cancel_pending(for_good=True)
+        release.set()
+        assert finished.wait(WAIT)
+    finally:
+        pool.shutdown()
+    assert log.read_text().split() == ["0"]

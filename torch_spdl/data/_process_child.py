@@ -14,6 +14,7 @@ the values before they reach the sender thread, a batch by :func:`dump_batch`.
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import pickle
 import select
@@ -32,13 +33,16 @@ from ._worker_info import install_torch_worker_info, set_process_worker_info
 
 __all__ = [
     "BatchWritten",
+    "CancelledTasks",
     "Exhausted",
     "InitFailed",
     "LoadBatch",
     "NextBatch",
     "Reply",
     "BatchWithErrors",
+    "Skipped",
     "Task",
+    "import_what_workers_import",
     "worker_main",
 ]
 
@@ -105,13 +109,46 @@ class Exhausted(NamedTuple):
     slot: int
 
 
+class Skipped(NamedTuple):
+    """A batch the loader cancelled before the worker began it: nothing was loaded."""
+
+    task_id: int
+    slot: int
+
+
 class InitFailed(NamedTuple):
     """The worker could not start (``worker_init_fn`` raised): it exits."""
 
     error: PortableError
 
 
-Reply = BatchWritten | BatchWithErrors | Exhausted | InitFailed
+Reply = BatchWritten | BatchWithErrors | Exhausted | Skipped | InitFailed
+
+
+class CancelledTasks:
+    """Which tasks the loader abandoned (its workers are being stopped), in a page it
+    shares with its forked workers: a worker skips such a task instead of loading a batch
+    nobody will read. Torch's workers skip theirs in the same way once their iterator
+    shuts down (its ``done_event``); without it a worker went on through every batch it
+    had been handed, and an early ``break`` waited for them (with 16 samples of 10 ms a
+    batch and two workers, 337 ms against torch's 174 ms).
+
+    Task ids only grow, and what is cancelled is every id below a bound, so one number
+    says it all; it is written by the loader only (an aligned 8-byte store)."""
+
+    def __init__(self) -> None:
+        self._page = mmap.mmap(-1, 8)  # anonymous and shared: the workers forked see it
+
+    def cancel_below(self, task_id: int) -> None:
+        """Every task with an id below ``task_id`` is cancelled."""
+        if task_id > self.bound():
+            self._page[:8] = task_id.to_bytes(8, "little")
+
+    def bound(self) -> int:
+        return int.from_bytes(self._page[:8], "little")
+
+    def close(self) -> None:
+        self._page.close()
 
 
 def worker_main(
@@ -121,6 +158,7 @@ def worker_main(
     tasks: Connection,
     results: Connection,
     arenas: list[Arena] | None,
+    cancelled: CancelledTasks | None,
     others: list[Connection],
 ) -> None:
     for conn in others:
@@ -157,6 +195,9 @@ def worker_main(
             break
         if isinstance(task, Stop):
             break
+        if cancelled is not None and task.task_id < cancelled.bound():
+            send(results, Skipped(task.task_id, task.slot))  # its arena is free again
+            continue
         arena = arenas[task.slot] if arenas is not None and task.slot != NO_ARENA else None
         if isinstance(task, NextBatch):
             if fetcher is None:
@@ -181,6 +222,17 @@ def worker_main(
             results, _load(task, values, indices, dataset, steps, collate_fn, auto_collation, arena)
         )
     os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
+
+
+def import_what_workers_import() -> None:
+    """Import, once in the loader's process, what every worker imports as it starts, so
+    that forked workers inherit it instead of each importing it on the epoch's critical
+    path: ``numpy.random``, which NumPy loads lazily and a worker needs to seed NumPy as
+    torch's workers do (12-14 ms in each forked worker on 2 cores, 7 ms once here). An
+    import changes no state a script sees: the global ``RandomState`` it makes is seeded
+    from the OS, as it would be on the script's own first use, and a seeded script
+    reseeds it."""
+    import numpy.random  # noqa: F401
 
 
 def _lower_priority(nice: int) -> None:

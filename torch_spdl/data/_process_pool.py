@@ -57,11 +57,14 @@ from ._arena_leases import NO_ARENA, ArenaLeases
 from ._fetch import Fetched
 from ._process_child import (
     BatchWithErrors,
+    CancelledTasks,
     Exhausted,
     InitFailed,
     LoadBatch,
     NextBatch,
     Reply,
+    Skipped,
+    import_what_workers_import,
     worker_main,
 )
 from ._shared_batch import Arena, load_batch
@@ -130,7 +133,7 @@ class ProcessWorkers:
             ctx = mp.get_context(ctx)
         shared = ctx.get_start_method() == "fork"
         if shared:
-            _import_what_workers_import()
+            import_what_workers_import()
         self.num_workers = num_workers
         self._workers = [_Worker(i) for i in range(num_workers)]
         self._pending: dict[int, tuple[Future[Fetched | None], _Worker, int]] = {}
@@ -143,6 +146,7 @@ class ProcessWorkers:
         self._leases = ArenaLeases(in_flight * num_workers, _HELD_BATCHES, _WARM_ARENAS, cool)
         arenas.extend(Arena() for _ in range(self._leases.count if shared else 0))
         self._arenas = arenas if shared else None
+        self._cancelled = CancelledTasks() if shared else None
         self._closed = False
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
         config = (
@@ -169,7 +173,7 @@ class ProcessWorkers:
             w.child = Child.start(
                 ctx,
                 worker_main,
-                (w.wid, config, stage_fns, *w.child_ends, self._arenas, others),
+                (w.wid, config, stage_fns, *w.child_ends, self._arenas, self._cancelled, others),
                 name=f"torch_spdl-worker-{w.wid}",
                 ends=(w.tasks, w.results),
             )
@@ -280,13 +284,22 @@ class ProcessWorkers:
                 for w in self._workers:
                     self._outbox.stop(w.tasks)
 
-    def cancel_pending(self) -> None:
-        """Fail every batch still waited for (the epoch ended early). The workers finish
-        those batches; each arena is free again when its (discarded) reply arrives."""
+    def cancel_pending(self, *, for_good: bool = False) -> None:
+        """Fail every batch still waited for (the epoch ended early). The workers make
+        those batches all the same, as torch's persistent workers do: what they draw for
+        them is part of torch's random stream for the next epoch. Each arena is free again
+        when its (discarded) reply arrives.
+
+        With ``for_good`` (the workers are about to stop), each worker finishes the batch
+        it is making and skips the other tasks it was handed (``CancelledTasks``), as
+        torch's workers do once their iterator shuts down, so that stopping never waits
+        for batches nobody will read."""
         with self._lock:
             pending, self._pending = self._pending, {}
             for task_id, (_, _, slot) in pending.items():
                 self._discarded[task_id] = slot
+            if for_good and self._cancelled is not None:
+                self._cancelled.cancel_below(next(self._ids))
         self._leases.interrupt()
         for future, _, _ in pending.values():
             future.set_exception(_closed())
@@ -298,7 +311,7 @@ class ProcessWorkers:
                 return
             self._closed = True
         self._leases.close()
-        self.cancel_pending()
+        self.cancel_pending(for_good=True)
         for w in self._workers:
             self._outbox.stop(w.tasks)
         self._outbox.finish()
@@ -311,6 +324,8 @@ class ProcessWorkers:
         self._outbox.join()
         for w in self._workers:
             w.child.close_pipes()
+        if self._cancelled is not None:
+            self._cancelled.close()
         for arena in self._arenas or ():
             arena.close()  # a batch still in use keeps its mapping until it is freed
         self._wake_r.close()
@@ -380,6 +395,8 @@ class ProcessWorkers:
         if isinstance(reply, Exhausted):  # an iterable dataset's worker has no more batches
             self._leases.release(slot)
             return None
+        if isinstance(reply, Skipped):  # never for a batch still waited for
+            raise RuntimeError(f"worker {worker.wid} skipped a batch the loader waits for")
         assert not isinstance(reply, InitFailed)
         arena = self._arenas[slot] if self._arenas is not None and slot != NO_ARENA else None
         release: Callable[[], None] = _nothing
@@ -418,17 +435,6 @@ def _died(worker: _Worker) -> WorkerFailure:
     else:
         what = f"{where} exited unexpectedly with exit code {child.exitcode}"
     return WorkerFailure(f"{what}; it was worker process {worker.wid}")
-
-
-def _import_what_workers_import() -> None:
-    """Import, once in the loader's process, what every worker imports as it starts, so
-    that forked workers inherit it instead of each importing it on the epoch's critical
-    path: ``numpy.random``, which NumPy loads lazily and a worker needs to seed NumPy as
-    torch's workers do (12-14 ms in each forked worker on 2 cores, 7 ms once here). An
-    import changes no state a script sees: the global ``RandomState`` it makes is seeded
-    from the OS, as it would be on the script's own first use, and a seeded script
-    reseeds it."""
-    import numpy.random  # noqa: F401
 
 
 def _cool(arenas: list[Arena], slot: int) -> None:
