@@ -91,7 +91,10 @@ class Pipeline(Generic[T]):
         """
         if self._runtime.state == "new" and not self._runtime.parts:
             return  # never started: nothing to stop, and it can still be started (SPDL)
-        self._runtime.shutdown(timeout, keep_sink=self._explicit)
+        # For get_item() after stop(): what the sink held, the pipeline's alone from here
+        # (left in the sink, which a failed run's stages hold in reference cycles, a
+        # dropped pipeline's batches stayed until the cycle collector ran).
+        self._runtime.shutdown(timeout, keep_sink=self._kept if self._explicit else None)
         # Taken from the sink and not handed out: kept ahead of what the sink held. One
         # popleft at a time: a loop on another thread may be taking from it meanwhile.
         taken: list[Any] = []
@@ -101,14 +104,7 @@ class Pipeline(Generic[T]):
             except IndexError:
                 break
         if self._explicit:
-            # For get_item() after stop(): what was taken, then what the sink held, the
-            # pipeline's alone from here. Left in the sink, which the stages hold too (a
-            # failed run leaves them in reference cycles), a dropped pipeline's batches
-            # stayed until the cycle collector ran.
-            self._kept.extend(taken)
-            sink_kept = self._sink.kept
-            while sink_kept:
-                self._kept.append(sink_kept.popleft())
+            self._kept.extendleft(reversed(taken))
         # Stopped: nothing is left for the finalizer to do, and kept, it would keep the
         # runtime, its failure, the failure's traceback and every frame and batch that
         # holds alive (the finalizer registry is never collected).

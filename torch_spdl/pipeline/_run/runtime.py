@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -297,12 +298,14 @@ class Runtime:
             stages, errors, counts = zip(*self._errors, strict=True)
         return PipelineFailure(exceptions=list(errors), stages=list(stages), num_failures=counts[0])
 
-    def shutdown(self, timeout: float | None = None, *, keep_sink: bool = False) -> None:
+    def shutdown(
+        self, timeout: float | None = None, *, keep_sink: deque[Any] | None = None
+    ) -> None:
         """Stop every worker and join every thread (idempotent, safe from any thread).
 
         ``timeout`` bounds the wait for the threads (default: the runtime's join timeout);
-        ``keep_sink`` sets aside what the sink holds (for ``get_item()`` after ``stop()``)
-        instead of dropping it.
+        ``keep_sink`` receives what the sink holds (for ``get_item()`` after ``stop()``)
+        instead of it being dropped.
         """
         with self._lock:
             if self._state == "stopped":
@@ -313,7 +316,7 @@ class Runtime:
             channel.abort(STOPPED)
         # get_item() after an explicit stop() returns what the sink held (SPDL's behaviour);
         # otherwise nobody will read it, and it may hold large batches: drop it.
-        self.channels[-1].abort(STOPPED, keep_items=keep_sink)
+        self.channels[-1].abort(STOPPED, keep_into=keep_sink)
         if not was_running:
             self.parts.shutdown()  # made with the declaration, they may run already
             return

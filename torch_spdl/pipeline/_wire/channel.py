@@ -63,8 +63,8 @@ class Channel(BulkEnds[T]):
 
     ``capacity <= 0`` means unbounded. ``close(error)`` marks the end of the stream: readers
     drain what is left, then receive :data:`EOF` and can read ``close_error``.
-    ``abort(reason)`` discards everything (or, with ``keep_items``, sets it aside in
-    ``kept``) and makes every pending and later call raise :class:`ChannelAborted`.
+    ``abort(reason)`` discards everything (or, with ``keep_into``, hands it to the caller)
+    and makes every pending and later call raise :class:`ChannelAborted`.
     ``refill_at``: a producer blocked on the full channel is woken by the get that leaves
     at most this many items (default ``capacity - 1``: as soon as there is room).
     """
@@ -83,7 +83,6 @@ class Channel(BulkEnds[T]):
         "_abort",
         "n_gets",
         "depth_sum",
-        "kept",
         "_segments",
     )
 
@@ -104,7 +103,6 @@ class Channel(BulkEnds[T]):
         # Occupancy seen by readers: the sum of queue depths at each successful get.
         self.n_gets = 0
         self.depth_sum = 0
-        self.kept: deque[T] = deque()  # what abort(keep_items=True) set aside
         self._segments: list[deque[T]] = []  # producers' staged items (module notes)
 
     def __len__(self) -> int:
@@ -188,9 +186,11 @@ class Channel(BulkEnds[T]):
             self.close_error = error
             wake_every(self._getters, self._putters)
 
-    def abort(self, reason: BaseException | None, *, keep_items: bool = False) -> None:
+    def abort(self, reason: BaseException | None, *, keep_into: deque[T] | None = None) -> None:
         """Drop all items and make every call raise :class:`ChannelAborted`; with
-        ``keep_items`` the items move to ``kept`` instead, for a reader to take on purpose."""
+        ``keep_into`` the items are appended to it instead, for a reader to take on
+        purpose. The channel keeps none: the stages that hold it may outlive it in
+        reference cycles, and the items (batches, their shared memory) with them."""
         with self._mutex:
             if self._abort is not None:
                 return
@@ -199,13 +199,11 @@ class Channel(BulkEnds[T]):
             # items they hold, alive until the cycle collector runs (a persistent loader
             # then waited for batches that only a gc.collect() freed).
             self._abort = ChannelAborted(reason)
-            if keep_items:
-                self.kept = self._items
-                self._items = deque()
+            if keep_into is not None:
+                keep_into.extend(self._items)
                 for segment in self._segments:
-                    self.kept.extend(segment)
-            else:
-                self._items.clear()
+                    keep_into.extend(segment)
+            self._items.clear()
             for segment in self._segments:
                 segment.clear()
             wake_every(self._getters, self._putters)
