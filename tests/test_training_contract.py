@@ -15,6 +15,8 @@ import random
 import subprocess
 import sys
 import textwrap
+import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -179,37 +181,47 @@ def test_the_training_process_is_left_alone(num_workers: int) -> None:
 
 
 class Niceness(Dataset):
-    """Each sample is the niceness of the process that loads it, and what
-    ``worker_init_fn`` saw there."""
+    """Each sample is the niceness of the process that loads it: after ``compute`` seconds
+    of the thread's CPU time, or ``wait`` seconds waiting (as on a read)."""
+
+    def __init__(self, compute: float = 0.0, wait: float = 0.0) -> None:
+        self.compute, self.wait = compute, wait
 
     def __len__(self) -> int:
-        return 8
+        return 16
 
-    def __getitem__(self, i: int) -> tuple[int, int]:
-        return os.nice(0), _INIT_NICE.get(os.getpid(), -100)
+    def __getitem__(self, i: int) -> int:
+        until = time.thread_time() + self.compute
+        while time.thread_time() < until:
+            pass
+        time.sleep(self.wait)  # the workload (a read), not a synchronisation
+        return os.nice(0)
 
 
-_INIT_NICE: dict[int, int] = {}
-
-
-def _record_nice(worker_id: int) -> None:
-    _INIT_NICE[os.getpid()] = os.nice(0)
+def _niceness_by_batch(dataset: Dataset, **kwargs: Any) -> list[set[int]]:
+    # one worker, so its batches come in the order it loaded them
+    loader = torch_spdl.DataLoader(dataset, batch_size=2, num_workers=1, **kwargs)
+    return [set(batch.tolist()) for batch in loader]
 
 
 @pytest.mark.parametrize("worker_nice", [None, 0, 3])
-def test_worker_processes_yield_the_cores_to_the_training_loop(worker_nice: int | None) -> None:
+def test_a_computing_worker_yields_the_cores_to_the_training_loop(
+    worker_nice: int | None,
+) -> None:
     own = os.nice(0)
     kwargs = {} if worker_nice is None else {"worker_nice": worker_nice}
-    loader = torch_spdl.DataLoader(
-        Niceness(), batch_size=2, num_workers=2, worker_init_fn=_record_nice, **kwargs
-    )
-    seen = {
-        tuple(pair) for batch in loader for pair in zip(*(t.tolist() for t in batch), strict=True)
-    }
-    expected = min(own + (10 if worker_nice is None else worker_nice), 19)
-    # every sample, and worker_init_fn before them, ran at the raised niceness
-    assert seen == {(expected, expected)}
+    seen = _niceness_by_batch(Niceness(compute=0.002), **kwargs)
+    raised = min(own + (10 if worker_nice is None else worker_nice), 19)
+    # its first batch shows it computes: every later one is loaded at the raised niceness
+    assert seen == [{own}] + [{raised}] * 7
     assert os.nice(0) == own  # the training process keeps its own
+
+
+def test_a_waiting_worker_keeps_its_niceness() -> None:
+    """A worker whose samples are waits (I/O) would only queue behind the training
+    threads each time a wait ends: it keeps the loader's niceness."""
+    own = os.nice(0)
+    assert _niceness_by_batch(Niceness(wait=0.02)) == [{own}] * 8
 
 
 class Segfaults(Dataset):

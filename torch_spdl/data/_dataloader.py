@@ -96,11 +96,14 @@ class DataLoader(_TorchDataLoader[_T_co]):
             and the epoch goes on.
         per_worker_dataset: with worker threads, give each its own shallow copy of the dataset,
             as each of torch's worker processes has its own (default); False shares one.
-        worker_nice: added to each worker process's niceness (``os.nice``) as it starts,
-            before ``worker_init_fn`` (default 10; 0 leaves it as torch's workers have it):
-            when the training loop and the workers both want a core, the training loop
-            gets it, and the workers load in what it leaves. Worker threads and the
-            training process are not touched (docs/dataloader.md, "Decisions").
+        worker_nice: added to a worker process's niceness (``os.nice``) after the first
+            batch for which it ran, or waited for a core, half the batch's time or more
+            (default 10; 0 leaves it as torch's workers have it): when the training loop
+            and a computing worker both want a core, the training loop gets it, and the
+            worker loads in what it leaves; a worker that mostly waits (I/O) keeps its
+            niceness, and wakes from its waits without queueing behind the training
+            threads. Worker threads and the training process are not touched
+            (docs/dataloader.md, "Decisions").
 
     Raises:
         ValueError: for an unknown ``worker_type``, a knob that is not a positive int (or

@@ -63,7 +63,7 @@ class EpochPlan:
     worker_type: Literal["auto", "thread", "process"]
     worker_init_fn: Callable[[int], None] | None
     per_worker_dataset: bool
-    #: added to each worker process's niceness as it starts.
+    #: added to a worker process's niceness once it computes (``_worker_priority``).
     worker_nice: int
     persistent_workers: bool
     multiprocessing_context: Any

@@ -30,6 +30,7 @@ from ._fetch import Fetched, IterableFetcher, fetch_batch
 from ._libc import return_large_blocks
 from ._shared_batch import Arena, BatchSpace, dump_batch
 from ._worker_info import install_torch_worker_info, set_process_worker_info
+from ._worker_priority import Priority
 
 __all__ = [
     "BatchWritten",
@@ -169,7 +170,7 @@ def worker_main(
     return_large_blocks()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
     dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable, nice = config
-    _lower_priority(nice)
+    priority = Priority(nice)  # raised once a batch shows the worker computes
     install_torch_worker_info()  # this process is the loader's: collate then sees no worker
     try:
         set_process_worker_info(wid, num_workers, base_seed, dataset)
@@ -199,6 +200,7 @@ def worker_main(
             send(results, Skipped(task.task_id, task.slot))  # its arena is free again
             continue
         arena = arenas[task.slot] if arenas is not None and task.slot != NO_ARENA else None
+        priority.batch_begins()
         if isinstance(task, NextBatch):
             if fetcher is None:
                 assert iterable is not None, "an iterable task for a map-style worker"
@@ -212,15 +214,15 @@ def worker_main(
                 send(results, Exhausted(task.task_id, task.slot))
             else:
                 send(results, _pack(fetched, task.task_id, task.slot, arena, space))
-            continue
-        values, indices = pickle.loads(task.payload)
-        first = task.first_stage
-        if first is not None and first not in steps_cache and stage_fns is not None:
-            steps_cache[first] = stage_fns(dataset, first)
-        steps = steps_cache.get(first) if first is not None else None
-        send(
-            results, _load(task, values, indices, dataset, steps, collate_fn, auto_collation, arena)
-        )
+        else:
+            values, indices = pickle.loads(task.payload)
+            first = task.first_stage
+            if first is not None and first not in steps_cache and stage_fns is not None:
+                steps_cache[first] = stage_fns(dataset, first)
+            steps = steps_cache.get(first) if first is not None else None
+            reply = _load(task, values, indices, dataset, steps, collate_fn, auto_collation, arena)
+            send(results, reply)
+        priority.batch_ended()
     os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
 
 
@@ -233,23 +235,6 @@ def import_what_workers_import() -> None:
     from the OS, as it would be on the script's own first use, and a seeded script
     reseeds it."""
     import numpy.random  # noqa: F401
-
-
-def _lower_priority(nice: int) -> None:
-    """Yield the cores to the training loop: a worker only prepares batches ahead, while a
-    training step stalls whenever one of its threads loses its core (its other intra-op
-    threads wait at the next barrier). With a higher niceness the scheduler runs the
-    worker in what the training process leaves, and rarely preempts a training thread to
-    wake it. Measured on 2 cores with a small CNN training, by ``benchmarks/swap.py``
-    (7 runs a side, against torch's loader): niceness 0 gave 1.00x on 3x224x224 images
-    with 4 workers and 1.03x on JPEG files with 2, niceness 10 gave 1.13x and 1.17x.
-    Raising niceness needs no privilege; where the system refuses it, the worker runs as
-    it is."""
-    if nice:
-        try:
-            os.nice(nice)
-        except OSError:
-            pass
 
 
 def _space(

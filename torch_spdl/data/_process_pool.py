@@ -109,8 +109,8 @@ class ProcessWorkers:
         iterable: an ``IterableDataset``'s ``(batch_size, drop_last)``, or None.
         receiver: read results on a receiver thread (for a pipeline); False: in the thread
             that calls :meth:`result`, which then never blocks on a free arena either.
-        nice: added to each worker's niceness as it starts (why: in
-            ``_process_child._lower_priority``).
+        nice: added to a worker's niceness once a batch shows it computes (when and why:
+            :mod:`._worker_priority`).
     """
 
     def __init__(
