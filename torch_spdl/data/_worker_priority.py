@@ -13,12 +13,11 @@ wait ends it queues behind the training threads for a core, a few hundred micros
 sample that add up on the epoch's critical path (10 ms reads, 2 workers, a CNN training,
 4 runs each: from the first batch to the last, 1,981-1,998 ms at niceness 10, 1,964-1,989
 ms at 0, 1,962-1,978 ms with torch's loader). Such a worker takes little from the
-training loop either way. So a
-worker starts at the loader's niceness and raises its own by ``worker_nice`` after the
-first batch for which it ran, or waited for a core, at least half of the batch's time;
-a worker whose batches are waits keeps the loader's niceness. The decision is one-way
-(lowering niceness again needs a privilege) and each worker's own; a worker of a later
-epoch decides afresh.
+training loop either way. So a worker starts at the loader's niceness and raises its own
+by ``worker_nice`` after the first batch for which it ran, or waited for a core, at least
+half of the batch's time; a worker whose batches are waits keeps the loader's niceness.
+The decision is one-way (lowering niceness again needs a privilege) and each worker's
+own; a worker of a later epoch decides afresh.
 
 "Ran or waited for a core" is the thread's ``/proc/thread-self/schedstat`` (time on a
 CPU plus time runnable in a queue): time lost to other runnable threads counts as wanting
@@ -59,12 +58,8 @@ class Priority:
         self._raised = nice == 0
         self._since = (0, 0)
 
-    @property
-    def raised(self) -> bool:
-        """Whether the worker has yielded (or has nothing to yield)."""
-        return self._raised
-
     def batch_begins(self) -> None:
+        """Note where the worker's clocks stand as it takes a batch."""
         if not self._raised:
             self._since = (time.perf_counter_ns(), _wanted_ns())
 
