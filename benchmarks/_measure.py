@@ -41,7 +41,14 @@ consumer: the staged loader's run set off one full collection (generations 0/1/2
 collections, the plain loader's 2/0/0), its main process's private dirty memory went from
 25 to 103 MiB, and the table showed it 22% above torch; in fresh interpreters the two
 loaders peaked within 4 MiB of each other. Timed runs stay forkserver children (no 1-2 s
-import per run); what they measure is time, which the shared pages do not change.
+import per run), but that first full collection costs them time too: measured on the same
+cell, it came inside ``iter()`` on both sides (each child inherits the forkserver's
+collection counters, so each reaches it at the same point), took 182-189 ms with 21.6k
+page faults, and made torch's and our loader's first batch 380-420 ms where it is about
+200 ms in a script started from a shell; on a 2.4 s run that is 8% added to both sides.
+So a run collects once (``gc.collect()``) before its case builds anything: the pages are
+copied then, before the clock, and the timed section starts from a collected heap that is
+the run's own, as a script's is after its imports.
 
 Why the second term: PSS counts only pages mapped into some process. torch's workers put
 each batch in a shared-memory file and pass its descriptor; until the training loop takes
@@ -67,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import importlib
 import multiprocessing as mp
 import os
@@ -334,6 +342,7 @@ def _child_main(fn_name: str, kwargs: dict[str, Any], conn: Connection, origin: 
         if _origin() != origin:  # measure the torch_spdl the report names, or nothing
             raise RuntimeError(f"this run imported {_origin()}, the parent {origin}")
         fn: Callable[..., dict[str, Any]] = getattr(importlib.import_module("_cases"), fn_name)
+        gc.collect()  # copy the pages shared with the forkserver now (the module's notes)
         out = fn(**kwargs)  # measures its own CPU over its timed section
         if CpuMeter.last is not None:
             out.setdefault("foreign_cpu_s", CpuMeter.last.foreign_s)
