@@ -83,6 +83,9 @@ def test_report_has_the_swap_tables_and_plot(tmp_path: Path) -> None:
     assert "2.82x" in images and "torch_spdl better" in images and ">= 1.0x: met" in images
     sleep = speed[("| 1. 10 ms blocking I/O, batch 16", "4")]
     assert "no clear difference" in sleep and "met on medians (spreads overlap)" in sleep
+    assert sleep.endswith("| 1.03x, ahead in 3 of 3 |")  # 390/380, 395/390, 420/400 in pairs
+    tokens = speed[("| 3. pure-Python tokenizer, batch 32", "2")]
+    assert tokens.endswith("| 1.06x, ahead in 3 of 3 |")  # pairs 1.056, 1.05, 1.09
     staged = speed[("| 1. 10 ms blocking I/O, batch 16, ours staged as `migrate` splits it", "4")]
     assert ">= 1.5x: **not met**" in staged
     thread = [r for r in rows if "worker_type='thread'" in r]  # the variant has its own row
