@@ -490,10 +490,8 @@ def side_by_side(torch_r: Result | None, ours: Result | None) -> str:
     round of ``_measure.interleave``, next to each other, so a pair shares the machine's
     state of that moment (other tenants, frequency) that the medians of the two sides mix
     with the rest of the table's time. Shown beside the verdict, which is on the medians."""
-    if torch_r is None or ours is None:
-        return "not measured"
-    runs = zip(torch_r.runs, ours.runs, strict=False)  # a side that failed has fewer
-    pairs = [o.rate / t.rate for t, o in runs if t.rate > 0]
+    rates = zip(run_values(torch_r, "rate"), run_values(ours, "rate"), strict=False)
+    pairs = [o / t for t, o in rates if t > 0]  # zip: a side that failed has fewer runs
     if not pairs:
         return "not measured"
     ahead = sum(r >= 1.0 for r in pairs)
