@@ -77,6 +77,58 @@ def test_failed_pipelines_are_freed_without_the_cycle_collector(region: bool) ->
     assert _fds() == before
 
 
+class _Counted:
+    """A source and an op a test watches with weak references."""
+
+    def __iter__(self):
+        return iter(range(8))
+
+    def __call__(self, x: int) -> int:
+        return x
+
+
+def test_a_finished_pipeline_frees_its_declaration_without_the_cycle_collector() -> None:
+    """Once a pipeline is dropped, what it was declared with (its source, its ops and what
+    they hold) goes with it, not into a cycle left for the collector: a DataLoader's worker
+    processes hang off such parts."""
+    gc.disable()
+    try:
+        source, op = _Counted(), _Counted()
+        refs = [weakref.ref(source), weakref.ref(op)]
+        pipeline = PipelineBuilder().add_source(source).pipe(op, concurrency=2).add_sink(2).build()
+        with pipeline.auto_stop():
+            assert sorted(pipeline) == list(range(8))
+        del pipeline, source, op
+        assert [r for r in refs if r() is not None] == []
+    finally:
+        gc.enable()
+
+
+def test_persistent_workers_stop_once_the_loader_and_its_iterator_are_dropped() -> None:
+    """torch's ``test_partial_workers`` with persistent workers: the loop breaks, the script
+    drops its iterator and its loader, and their worker processes exit, with no help from
+    the cycle collector (torch's loader stops them when it is freed)."""
+    import psutil
+
+    me = psutil.Process()
+    before = {p.pid for p in me.children()}
+    gc.disable()
+    try:
+        data = torch.utils.data.TensorDataset(torch.arange(64))
+        loader = DataLoader(data, batch_size=2, num_workers=2, persistent_workers=True)
+        it = iter(loader)
+        for i, _ in enumerate(it):
+            if i == 3:
+                break
+        workers = [p for p in me.children() if p.pid not in before]
+        assert len(workers) == 2
+        del it, loader, _
+        _, alive = psutil.wait_procs(workers, timeout=WAIT)
+        assert alive == []
+    finally:
+        gc.enable()
+
+
 class _Made:
     """An item a test can watch with a weak reference."""
 

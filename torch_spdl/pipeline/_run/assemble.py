@@ -13,7 +13,9 @@ autotuner remembers (``_autotune/memory.py``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -149,6 +151,18 @@ def build(config: PipelineSpec | Any, options: BuildOptions) -> Pipeline[Any]:
     return Pipeline(runtime, sink, description=_describe(one_epoch), renew=renew)
 
 
+def _build_nested(options: BuildOptions, inner: PipelineSpec) -> Pipeline[Any]:
+    """A pipeline inside another (a ``Merge`` input, a ``path_variants`` path)."""
+    return build(inner, options.for_nested())
+
+
+def _path_variant(
+    inner: Callable[[PipelineSpec], Pipeline[Any]], path: Sequence[Any], source: Any
+) -> Pipeline[Any]:
+    """The pipeline of one ``path_variants`` path, fed by ``source``."""
+    return inner(PipelineSpec(source, list(path), 2))
+
+
 class _Assembly:
     """One build of one run, in named steps: the declaration resolved (regions fused,
     ``Merge`` inputs given their builder), the channels sized, the nodes made, the runtime
@@ -156,24 +170,28 @@ class _Assembly:
     without a limit of their own; it reads their item counts only when an item fails."""
 
     def __init__(self, config: PipelineSpec, options: BuildOptions) -> None:
+        # Nothing the pipeline keeps (its nodes, the budget they share, a merged source)
+        # refers back to this assembly, and the budget holds its stages weakly: a cycle
+        # would keep the declaration, and the parts it owns (a DataLoader's worker
+        # processes), alive after the pipeline is gone, until the cycle collector ran.
         self.options = options
+        self.inner: Callable[[PipelineSpec], Pipeline[Any]] = functools.partial(
+            _build_nested, options
+        )
         if any(isinstance(s, PlacementConfig) for s in config.stages):
             config = dataclasses.replace(config, stages=fuse_regions(config.stages))
         if isinstance(config.source, MergedSource):
             config = dataclasses.replace(config, source=config.source.with_builder(self.inner))
         options.check()
         self.config = config
-        self.shared: list[Node] = []  # the stages that share the build-level budget
+        shared: weakref.WeakSet[Node] = weakref.WeakSet()  # the stages sharing the budget
+        self.shared = shared
         self.budget = FailureLimit(
-            options.max_failures, lambda: sum(n.invocations() for n in self.shared)
+            options.max_failures, lambda: sum(n.invocations() for n in list(shared))
         )
         self.workers = [_workers(s, options.num_threads) for s in config.stages]
         self.queues: list[AsyncQueue] = []  # queue_class observers, one per channel
         self.pipeline_id = next(_pipeline_ids)
-
-    def inner(self, inner: PipelineSpec) -> Pipeline[Any]:
-        """A pipeline inside this one (a ``Merge`` input, a ``path_variants`` path)."""
-        return build(inner, self.options.for_nested())
 
     def run(self) -> tuple[Runtime, Channel[Any]]:
         """The runtime of this run, with its nodes and channels, and the sink."""
@@ -258,9 +276,7 @@ class _Assembly:
             stages = list(spec.stages)
             return RegionStage(name, stages, spec.executor, options, inbox, outbox, _build_region)
         if isinstance(spec, PathVariantsConfig):
-            makers = [
-                lambda src, p=path: self.inner(PipelineSpec(src, list(p), 2)) for path in spec.paths
-            ]
+            makers = [functools.partial(_path_variant, self.inner, path) for path in spec.paths]
             node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=budget)
         elif isinstance(spec, AggregateConfig):
             aggregator = spec.make_aggregator()
@@ -275,7 +291,7 @@ class _Assembly:
                 return node
         else:  # fuse_regions turned every placement into a RegionConfig
             raise AssertionError(f"unexpected stage declaration {spec!r}")
-        self.shared.append(node)
+        self.shared.add(node)
         return node
 
     def hooks(self, i: int, name: str) -> list[TaskHook]:

@@ -45,9 +45,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
+from weakref import WeakMethod, ref
 
 from .._core.errors import describe_item
 from .._core.stats import Counters, StageStats
@@ -89,8 +90,8 @@ class Node:
         self.outbox = outbox
         self.workers = workers  # how many workers launch() starts
         self.concurrency = workers  # how many may run at once (moved by an autotuned stage)
-        if budget is None:
-            budget = FailureLimit(max_failures, self.invocations)
+        if budget is None:  # its own, reading this node weakly (a cycle would outlive it)
+            budget = FailureLimit(max_failures, partial(_weak_call, WeakMethod(self.invocations)))
         self.budget = budget
         self._failure: BaseException | None = None  # why this node failed the pipeline
         self._counters: list[Counters] = []
@@ -102,7 +103,8 @@ class Node:
         self._num_failed = 0
         self._started_at = 0.0
         self._finished_at = 0.0
-        self._runtime: Supervisor | None = None
+        # The runtime, held weakly: it holds this node, and a cycle would outlive both.
+        self._runtime_ref: Callable[[], Supervisor | None] = _unbound
 
     # -- what the runtime's helpers see (SupervisedStage.for_autotuner / for_tracer) -----
     def for_autotuner(self) -> TunableStage | None:
@@ -115,7 +117,7 @@ class Node:
 
     # -- lifecycle -----------------------------------------------------------------------
     def bind(self, runtime: Supervisor) -> None:
-        self._runtime = runtime
+        self._runtime_ref = ref(runtime)
         self._started_at = time.perf_counter()
 
     def launch(self, runtime: Supervisor) -> None:
@@ -184,8 +186,9 @@ class Node:
             if self._failure is not None:
                 return
             self._failure = error
-        assert self._runtime is not None
-        self._runtime.fail(error, node=self, num_failures=num_failures)
+        runtime = self._runtime_ref()
+        assert runtime is not None
+        runtime.fail(error, node=self, num_failures=num_failures)
         self.unblock_workers()
 
     def invocations(self) -> int:
@@ -253,7 +256,7 @@ def start_worker(node: Node) -> bool:
     """Start one more worker thread of a running node (an autotuned stage grows); False
     once the node has ended or the pipeline stops. A worker counted and never started
     leaves as any worker does."""
-    runtime = node._runtime
+    runtime = node._runtime_ref()
     if runtime is None:
         return False
     with node._lock:
@@ -360,6 +363,17 @@ def _end_error(node: Node) -> BaseException | None:
     ):
         _over_budget(node, None, None)
     return node._failure or upstream
+
+
+def _unbound() -> None:
+    """A node's runtime before :meth:`Node.bind`."""
+    return None
+
+
+def _weak_call(method: WeakMethod[Any]) -> int:
+    """``method()``, or 0 once its object is gone."""
+    bound = method()
+    return 0 if bound is None else bound()
 
 
 def _over_budget(node: Node, item: Any, exc: Exception | None) -> None:
