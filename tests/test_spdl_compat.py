@@ -741,6 +741,30 @@ def test_get_item_after_stop_returns_what_is_buffered_then_eof():
         pipeline.get_item(timeout=WAIT)
 
 
+def test_get_item_after_stop_hands_out_at_most_the_sink_size():
+    """SPDL's ``get_item`` after ``stop()``: what the sink holds, up to its size, then EOF.
+    An item its producer handed over past that size is still the producer's, and a stop
+    drops what the stages hold (SPDL's own test reads exactly one item from a sink of 1)."""
+    past = threading.Event()
+
+    def passthrough(x):
+        if x == 6:
+            past.set()  # 5 is in the full sink; 6 goes past its size
+        return x
+
+    pipeline = (
+        PipelineBuilder().add_source(range(10)).pipe(passthrough).add_sink(1).build(num_threads=1)
+    )
+    with pipeline.auto_stop():
+        assert [pipeline.get_item(timeout=WAIT) for _ in range(5)] == list(range(5))
+        assert past.wait(WAIT)
+    kept = []
+    with contextlib.suppress(EOFError):
+        while True:
+            kept.append(pipeline.get_item(timeout=WAIT))
+    assert kept == [5]
+
+
 # ---------------------------------------------------------------------------------------
 # 7. aggregate(Aggregator)
 # ---------------------------------------------------------------------------------------
