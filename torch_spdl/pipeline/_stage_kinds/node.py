@@ -187,8 +187,8 @@ class Node:
                 return
             self._failure = error
         runtime = self._runtime_ref()
-        assert runtime is not None
-        runtime.fail(error, node=self, num_failures=num_failures)
+        if runtime is not None:  # None: its pipeline is gone, with nobody left to tell
+            runtime.fail(error, node=self, num_failures=num_failures)
         self.unblock_workers()
 
     def invocations(self) -> int:
