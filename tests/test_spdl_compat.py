@@ -765,6 +765,32 @@ def test_get_item_after_stop_hands_out_at_most_the_sink_size():
     assert kept == [5]
 
 
+def test_get_item_after_stop_counts_what_an_iteration_took_against_the_sink_size():
+    """An iteration takes ready items from the sink in bulk (up to half of it); after
+    ``stop()`` those come first, and with what the sink still held they make at most the
+    sink's size, as in SPDL, where they would still take up its room."""
+    full = threading.Event()
+
+    def source():
+        for i in range(100):
+            if i == 12:  # 0 handed out, 1-3 taken with it, 4-11 fill the sink of 8
+                full.set()
+            yield i
+
+    pipeline = PipelineBuilder().add_source(source()).add_sink(8).build()
+    pipeline.start()
+    try:
+        assert next(iter(pipeline)) == 0
+        assert full.wait(WAIT)
+    finally:
+        pipeline.stop()
+    kept = []
+    with contextlib.suppress(EOFError):
+        while True:
+            kept.append(pipeline.get_item(timeout=WAIT))
+    assert kept == list(range(1, 9))
+
+
 # ---------------------------------------------------------------------------------------
 # 7. aggregate(Aggregator)
 # ---------------------------------------------------------------------------------------

@@ -105,6 +105,12 @@ class Pipeline(Generic[T]):
                 break
         if self._explicit:
             self._kept.extendleft(reversed(taken))
+            # At most what the sink holds, oldest first, as SPDL's: an item a stage handed
+            # on past the sink's size (bulk hand-offs) is still that stage's, and a stop
+            # drops what the stages hold.
+            size = self._runtime.channels[-1].capacity  # 0: unbounded
+            while size and len(self._kept) > size:
+                self._kept.pop()
         # Stopped: nothing is left for the finalizer to do, and kept, it would keep the
         # runtime, its failure, the failure's traceback and every frame and batch that
         # holds alive (the finalizer registry is never collected).

@@ -104,7 +104,7 @@ class Node:
         self._started_at = 0.0
         self._finished_at = 0.0
         # The runtime, held weakly: it holds this node, and a cycle would outlive both.
-        self._runtime_ref: Callable[[], Supervisor | None] = _unbound
+        self._runtime_ref: Callable[[], Supervisor | None] | None = None  # set by bind()
 
     # -- what the runtime's helpers see (SupervisedStage.for_autotuner / for_tracer) -----
     def for_autotuner(self) -> TunableStage | None:
@@ -186,6 +186,7 @@ class Node:
             if self._failure is not None:
                 return
             self._failure = error
+        assert self._runtime_ref is not None, "a node fails only once bound to its runtime"
         runtime = self._runtime_ref()
         if runtime is not None:  # None: its pipeline is gone, with nobody left to tell
             runtime.fail(error, node=self, num_failures=num_failures)
@@ -256,7 +257,7 @@ def start_worker(node: Node) -> bool:
     """Start one more worker thread of a running node (an autotuned stage grows); False
     once the node has ended or the pipeline stops. A worker counted and never started
     leaves as any worker does."""
-    runtime = node._runtime_ref()
+    runtime = node._runtime_ref() if node._runtime_ref is not None else None
     if runtime is None:
         return False
     with node._lock:
@@ -363,11 +364,6 @@ def _end_error(node: Node) -> BaseException | None:
     ):
         _over_budget(node, None, None)
     return node._failure or upstream
-
-
-def _unbound() -> None:
-    """A node's runtime before :meth:`Node.bind`."""
-    return None
 
 
 def _weak_call(method: WeakMethod[Any]) -> int:

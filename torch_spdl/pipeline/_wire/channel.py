@@ -36,7 +36,6 @@ consumer's thread would wake the loop once per item.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import deque
@@ -201,11 +200,9 @@ class Channel(BulkEnds[T]):
             # then waited for batches that only a gc.collect() freed).
             self._abort = ChannelAborted(reason)
             if keep_into is not None:
-                # What the channel holds, up to its size, oldest first: an item a producer
-                # staged past that was still its producer's, and a stopped pipeline drops
-                # what its stages hold (SPDL's ``get_item`` after ``stop()`` sees the same).
-                held = itertools.chain(self._items, *self._segments)
-                keep_into.extend(itertools.islice(held, self.capacity or None))  # 0: unbounded
+                keep_into.extend(self._items)
+                for segment in self._segments:
+                    keep_into.extend(segment)
             self._items.clear()
             for segment in self._segments:
                 segment.clear()
