@@ -59,6 +59,60 @@ def test_persistent_process_workers_match_torch_over_epochs() -> None:
     ours.shutdown()
 
 
+class _Mixed(torch.utils.data.Dataset):
+    """Samples with an empty tensor, a string and an int."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, object]:
+        return {
+            "empty": torch.empty(0, 3),
+            "path": f"img_{i}.jpg",
+            "i": i,
+        }
+
+
+def _twice(samples: list[dict[str, object]]) -> dict[str, object]:
+    """A collate that puts one tensor in the batch twice, and adds one that needs grad."""
+    batch = torch.utils.data.default_collate(samples)
+    batch["again"] = batch["i"]
+    batch["grad"] = batch["i"].float().requires_grad_()
+    return batch
+
+
+@pytest.mark.parametrize("collate_fn", [None, _twice])
+def test_batches_of_empty_tensors_and_repeated_ones_come_back_as_torchs(collate_fn) -> None:
+    ds = _Mixed()
+    kwargs = {"batch_size": 4, "num_workers": 2, "collate_fn": collate_fn}
+    got = list(DataLoader(ds, worker_type="process", **kwargs))
+    want = list(TorchDataLoader(ds, **kwargs))
+    assert len(got) == len(want) == 2
+    for ours, theirs in zip(got, want, strict=True):
+        assert ours.keys() == theirs.keys()
+        assert ours["empty"].shape == theirs["empty"].shape == (4, 0, 3)
+        assert ours["path"] == theirs["path"]
+        assert torch.equal(ours["i"], theirs["i"])
+        if collate_fn is not None:  # one tensor in the batch is one tensor out of it
+            assert ours["again"] is ours["i"]
+            assert theirs["again"] is theirs["i"]
+            assert torch.equal(ours["grad"], theirs["grad"])
+            assert ours["grad"].requires_grad and theirs["grad"].requires_grad
+
+
+class _Empty(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.empty(0, 3)
+
+
+def test_a_batch_of_empty_tensors_only_comes_back() -> None:
+    got = list(DataLoader(_Empty(), batch_size=2, num_workers=2, worker_type="process"))
+    assert [b.shape for b in got] == [(2, 0, 3), (2, 0, 3)]
+
+
 def test_process_worker_error_reaches_caller() -> None:
     loader = DataLoader(
         ProcessBadData(12, bad=7), batch_size=4, num_workers=2, worker_type="process"

@@ -24,6 +24,8 @@ free).
 
 from __future__ import annotations
 
+import copyreg
+import functools
 import io
 import math
 import mmap
@@ -143,29 +145,45 @@ def _aligned(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-class _Writer(pickle.Pickler):
-    """Pickles a batch, giving each plain CPU tensor its place in the arena (``placed``:
-    ``(offset, tensor)``, copied there once the arena is large enough), unless the
-    batch's ``space`` holds it already."""
+class _Placement:
+    """Where a batch's tensors go in the arena (``placed``: ``(offset, tensor)``, copied
+    there once the arena is large enough), unless the batch's ``space`` holds them
+    already. It refers to no pickler, so a pickler whose table holds :meth:`reduce` is
+    freed by its reference count alone."""
 
-    def __init__(self, file: io.BytesIO, space: BatchSpace | None) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+    def __init__(self, space: BatchSpace | None) -> None:
         self.placed: list[tuple[int, torch.Tensor]] = []
         self.space = space
         self.end = space.end if space is not None else 0
 
-    def persistent_id(self, obj: Any) -> Any:
-        if not _shareable(obj):
-            return None
-        nbytes = obj.numel() * obj.element_size()
-        if self.space is not None:
-            where = self.space.offset_of(obj, nbytes)
-            if where is not None:
-                return ("tensor", where, nbytes, obj.dtype, tuple(obj.shape))
-        offset = self.end
-        self.end = -(-(offset + nbytes) // _ALIGN) * _ALIGN
-        self.placed.append((offset, obj))
-        return ("tensor", offset, nbytes, obj.dtype, tuple(obj.shape))
+    def reduce(self, obj: torch.Tensor) -> Any:
+        nbytes = obj.numel() * obj.element_size() if _shareable(obj) else 0
+        if not nbytes:  # pickled by value, as torch pickles it (an empty one is small)
+            return obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        where = self.space.offset_of(obj, nbytes) if self.space is not None else None
+        if where is None:
+            where = self.end
+            self.end = _aligned(where + nbytes)
+            self.placed.append((where, obj))
+        return _arena_tensor, (where, nbytes, obj.dtype, tuple(obj.shape))
+
+
+def _arena_tensor(offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
+    """Names a tensor's place in an arena inside a batch's pickle; :func:`load_batch`
+    reads it as a view of the arena, and nothing else can."""
+    raise pickle.UnpicklingError("a batch written into an arena is read by load_batch only")
+
+
+def _writer(file: io.BytesIO, placement: _Placement) -> pickle.Pickler:
+    """A pickler that gives every plain CPU tensor its place in the arena. The tensors are
+    found by the pickler's table of reductions, which the C pickler looks up by exact
+    type: only tensors call back into Python. (A ``persistent_id`` is called for every
+    object: 256 path strings took 33 us to pickle with one, 6 us without.)"""
+    writer = pickle.Pickler(file, protocol=pickle.HIGHEST_PROTOCOL)
+    table = dict(copyreg.dispatch_table)
+    table[torch.Tensor] = placement.reduce
+    writer.dispatch_table = table
+    return writer
 
 
 def dump_batch(
@@ -179,27 +197,31 @@ def dump_batch(
     if arena is None:
         return pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 0, 0
     buf = io.BytesIO()
-    writer = _Writer(buf, space)
-    writer.dump(batch)
-    arena.ensure(writer.end)
-    for offset, t in writer.placed:
-        nbytes = t.numel() * t.element_size()
-        if nbytes:
-            arena.view(offset, nbytes).copy_(_flat_bytes(t))
-    return buf.getvalue(), arena.size, writer.end
+    placement = _Placement(space)
+    _writer(buf, placement).dump(batch)
+    arena.ensure(placement.end)
+    for offset, t in placement.placed:
+        arena.view(offset, t.numel() * t.element_size()).copy_(_flat_bytes(t))
+    return buf.getvalue(), arena.size, placement.end
+
+
+def _view(base: np.ndarray, offset: int, nbytes: int, dtype: torch.dtype, shape: Any) -> Any:
+    flat = torch.from_numpy(base[offset : offset + nbytes])
+    return flat.view(dtype).view(shape)
 
 
 class _Reader(pickle.Unpickler):
+    """Reads :func:`_arena_tensor` as a view of ``base``, through a partial that refers to
+    ``base`` only, so that nothing holds ``base`` once the reader and the batch are gone."""
+
     def __init__(self, data: bytes, base: np.ndarray) -> None:
         super().__init__(io.BytesIO(data))
-        self._base = base
+        self._arena_tensor = functools.partial(_view, base)
 
-    def persistent_load(self, pid: Any) -> Any:
-        _, offset, nbytes, dtype, shape = pid
-        if not nbytes:
-            return torch.empty(shape, dtype=dtype)
-        flat = torch.from_numpy(self._base[offset : offset + nbytes])
-        return flat.view(dtype).view(shape)
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "_arena_tensor":
+            return self._arena_tensor
+        return super().find_class(module, name)
 
 
 def load_batch(
@@ -211,7 +233,7 @@ def load_batch(
         release()
         return pickle.loads(data)
     arena.remap(size)
-    if not used:
+    if not used:  # nothing of the batch is in the arena
         release()
         return pickle.loads(data)
     base = arena.lend(used)
