@@ -178,7 +178,8 @@ def _writer(file: io.BytesIO, placement: _Placement) -> pickle.Pickler:
     """A pickler that gives every plain CPU tensor its place in the arena. The tensors are
     found by the pickler's table of reductions, which the C pickler looks up by exact
     type: only tensors call back into Python. (A ``persistent_id`` is called for every
-    object: 256 path strings took 33 us to pickle with one, 6 us without.)"""
+    object: 256 path strings took 33 us to pickle with one, 9 us with this table, 6 us
+    with no hook at all.)"""
     writer = pickle.Pickler(file, protocol=pickle.HIGHEST_PROTOCOL)
     table = dict(copyreg.dispatch_table)
     table[torch.Tensor] = placement.reduce
