@@ -157,6 +157,12 @@ _PROCESS_STATE = textwrap.dedent(
         "mapped": [before, mapped_when_freed_big_block_before()],
         "total": total,
         "torch_functions_untouched": torch.utils.data.get_worker_info.__code__ is code,
+        # the engine beyond its contracts (errors, protocols, stats): no pipeline ran
+        "engine_loaded": sorted(
+            m for m in sys.modules
+            if m.startswith("torch_spdl.pipeline.")
+            and not m.startswith("torch_spdl.pipeline._core")
+        ),
     }))
     """
 )
@@ -178,6 +184,9 @@ def test_the_training_process_is_left_alone(num_workers: int) -> None:
     assert state["nice"][0] == state["nice"][1]
     assert state["mapped"] == [0, 0]
     assert state["torch_functions_untouched"]
+    # torch's default shape (next() feeds the workers) declares no pipeline, so a script
+    # that swaps its import carries none of the engine (docs/dataloader.md, "Memory")
+    assert state["engine_loaded"] == []
 
 
 class Niceness(Dataset):

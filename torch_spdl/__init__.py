@@ -2,15 +2,14 @@
 
 ``torch_spdl.pipeline`` is the engine. The torch-facing names (``DataLoader``,
 ``StagedDataset``, ``PipelineDataset``...) are imported on first use, so that importing
-``torch_spdl`` (in a spawned subprocess, say) does not import torch.
+``torch_spdl`` (in a spawned subprocess, say) does not import torch; the engine's names
+too, so that a script that only uses the ``DataLoader`` does not load the engine.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING, Any
-
-from .pipeline import Pipeline, PipelineBuilder, PipelineFailure
 
 if TYPE_CHECKING:
     from .data import DataLoader as DataLoader
@@ -19,10 +18,16 @@ if TYPE_CHECKING:
     from .data import StagedDataset as StagedDataset
     from .data import WorkerInfo as WorkerInfo
     from .data import get_worker_info as get_worker_info
+    from .pipeline import Pipeline as Pipeline
+    from .pipeline import PipelineBuilder as PipelineBuilder
+    from .pipeline import PipelineFailure as PipelineFailure
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "Pipeline": ".pipeline",
+    "PipelineBuilder": ".pipeline",
+    "PipelineFailure": ".pipeline",
     "DataLoader": ".data",
     "Stage": ".data",
     "StagedDataset": ".data",
@@ -31,11 +36,17 @@ _LAZY = {
     "PipelineDataset": ".data",
 }
 
-__all__ = ["Pipeline", "PipelineBuilder", "PipelineFailure", "__version__", *_LAZY]
+__all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("io", "source", "data", "lightning"):  # subpackages, imported on first use
+    if name in (
+        "io",
+        "source",
+        "data",
+        "lightning",
+        "pipeline",
+    ):  # subpackages, imported on first use
         return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)

@@ -1,13 +1,24 @@
 """The torch face: a drop-in DataLoader, staged datasets, a pipeline as an iterable dataset
 (``PipelineDataset``), worker info, and how a loader chooses between threads and processes
-(``worker_type="auto"``)."""
+(``worker_type="auto"``).
+
+``PipelineDataset`` is imported on first use: it declares pipelines, and a script that
+only swaps its ``DataLoader`` import does not load the engine (``torch_spdl.pipeline``'s
+notes)."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._dataloader import DataLoader
-from ._pipeline_dataset import PipelineDataset
 from ._process_pool import WorkerFailure
 from ._staged_dataset import Stage, StagedDataset
 from ._thread_or_process import WorkerChoice
 from ._worker_info import WorkerInfo, get_worker_info
+
+if TYPE_CHECKING:
+    from ._pipeline_dataset import PipelineDataset
 
 __all__ = [
     "DataLoader",
@@ -19,3 +30,11 @@ __all__ = [
     "WorkerInfo",
     "get_worker_info",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PipelineDataset":
+        value = importlib.import_module("._pipeline_dataset", __name__).PipelineDataset
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,31 +7,36 @@ fed and read by the calling thread, or loading inline with ``num_workers=0``) or
 pipeline declared by :class:`~._epoch_pipeline.EpochParts` (a staged dataset, worker
 threads, ``in_order=False``, pinning or moving batches). Here: the epoch's random draws,
 the batches it delivered (for ``state_dict``), the errors it raises, and its end. Either
-way the epoch holds one pipeline, which owns every wait of the epoch outside the engine
-(batch tokens, worker threads and processes, those the caller feeds included: that
-pipeline never runs): ending the epoch is stopping it.
+way the epoch holds one owner of every wait of the epoch outside the engine (batch
+tokens, worker threads and processes): the pipeline, or where ``next()`` makes the
+batches, an :class:`~._idle_run.IdleRun` (owning the worker processes the caller feeds,
+if any). Ending the epoch is stopping it.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..pipeline import Pipeline, PipelineBuilder, PipelineFailure
+from ..pipeline import PipelineFailure
 from ._batch_ops import batch_tasks
 from ._batch_transfer import BatchMover
 from ._caller import CallerLoading, Feed, WorkerFeed, inline_iterable, inline_map
 from ._epoch_pipeline import EpochParts
 from ._epoch_plan import EpochPlan, LoaderResources, warn_past_reported_length
-from ._epoch_shapes import Batches
 from ._fetch import is_stateful
+from ._idle_run import IdleRun
 from ._iterable_processes import WorkerStates, caller_feed
 from ._libc import trim
 from ._sample_ops import BatchError, SkipBudget
 from ._thread_or_process import SwitchGate, WorkerChoice, decide
+
+if TYPE_CHECKING:
+    from ..pipeline import Pipeline
+    from ._epoch_shapes import Batches
 
 __all__ = ["EpochIterator", "rng_state", "set_rng_state"]
 
@@ -110,7 +115,7 @@ class EpochIterator:
         self._timeout = plan.timeout
         self._yielded = 0  # batches delivered, counted only against a reported length
         self._caller: CallerLoading | None = None
-        self._pipeline: Pipeline[Any] = self._first_loading(
+        self._pipeline: Pipeline[Any] | IdleRun = self._first_loading(
             restore, indices if fork_first else None
         )
         # The pipeline starts at the first next(), as torch's single-process iterator does:
@@ -126,21 +131,20 @@ class EpochIterator:
 
     def _first_loading(
         self, restore: WorkerStates | None, undrawn: Iterator[Any] | None
-    ) -> Pipeline[Any]:
-        """Where the batches come from: ``next()`` itself (``self._caller``; the pipeline
-        returned never runs, it owns the worker processes the caller feeds, if any) or the
-        pipeline returned. ``undrawn``: the sampler's iterator, to draw from once the
-        worker processes that next() feeds have forked."""
+    ) -> Pipeline[Any] | IdleRun:
+        """Where the batches come from: ``next()`` itself (``self._caller``; what is
+        returned then is an :class:`IdleRun`, the owner of the worker processes the caller
+        feeds, if any) or the pipeline returned. ``undrawn``: the sampler's iterator, to
+        draw from once the worker processes that next() feeds have forked."""
         plan = self._plan
         iterable_inline = not self._map_style and plan.num_workers == 0
         if plan.loading == "caller" or (iterable_inline and plan.worker_type == "process"):
             batches = self._batches(0) if self._map_style else None
             feed = _inline_feed(plan, batches, self._watermark, stateful=self._stateful)
             self._caller = _caller_loading(plan, self._skips, feed)
-            return _idle_pipeline()
+            return IdleRun()
         if _fed_by_caller(plan):
-            workers, owner = self._parts.build_caller()
-            idle = owner.build()  # first: from now on the workers have an owner
+            workers, idle = self._parts.build_caller()  # from now on they have an owner
             budget = self._parts.budget
             if undrawn is not None:
                 try:
@@ -271,8 +275,8 @@ class EpochIterator:
         self._parts.record_tuning(self._pipeline.get_stats())  # the next epoch starts there
         self._stop_pipeline()  # every thread of the probing pipeline is joined: fork-safe
         # Its collate buffers must be gone before worker processes fork (they would inherit
-        # them); a pipeline never started stands in until the next one is built.
-        self._pipeline = _idle_pipeline()
+        # them); an idle owner of nothing stands in until the next pipeline is built.
+        self._pipeline = IdleRun()
         if gate.choice.kind == "process":
             trim()  # what the measuring threads left free, every worker would inherit
         rest: Iterator[tuple[int, list[Any]]] = iter(sorted(gate.deferred))
@@ -391,11 +395,6 @@ def _all_delivered(plan: EpochPlan, watermark: int) -> bool:
         return watermark >= len(plan.index_sampler)
     except TypeError:
         return False
-
-
-def _idle_pipeline() -> Pipeline[Any]:
-    """A pipeline that is never started: it stands in where no pipeline runs."""
-    return PipelineBuilder().add_source(()).add_sink(1).build()
 
 
 def _chain(first: Any, rest: Iterator[Any]) -> Iterator[Any]:

@@ -16,25 +16,21 @@ settled is kept for the next epoch). What outlives the epoch it asks of the load
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..pipeline import PipelineBuilder, StageStats, StoppablePart
+from ..pipeline import StageStats, StoppablePart
 from ._batch_budget import BatchBudget
 from ._epoch_executors import EpochExecutors
 from ._epoch_plan import EpochPlan, LoaderResources, Loading
-from ._epoch_shapes import (
-    Batches,
-    Declaring,
-    batch_shape,
-    inline_shape,
-    iterable_shape,
-    process_shape,
-    sample_shape,
-)
+from ._idle_run import IdleRun
 from ._process_pool import ProcessWorkers
 from ._sample_ops import SkipBudget
 from ._stage_specs import AutoStages, split_point
 from ._thread_or_process import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice
+
+if TYPE_CHECKING:
+    from ..pipeline import PipelineBuilder
+    from ._epoch_shapes import Batches, Declaring
 
 __all__ = ["EpochParts"]
 
@@ -77,6 +73,8 @@ class EpochParts:
 
     def build_iterable(self, done: int) -> PipelineBuilder[Any, Any]:
         """An iterable dataset's epoch, skipping the ``done`` batches delivered before."""
+        from ._epoch_shapes import iterable_shape  # declaring loads the engine: see _declaring
+
         plan = self._plan
         with_processes = plan.worker_type == "process" and self._executors.any
         processes = self._processes(drop_buffers=False) if with_processes else None
@@ -87,6 +85,8 @@ class EpochParts:
     ) -> PipelineBuilder[Any, Any]:
         """The pipeline of a map-style epoch for ``loading`` over ``batches``, when
         batches ``[0, done)`` and ``extra`` were delivered."""
+        from ._epoch_shapes import batch_shape, inline_shape, process_shape, sample_shape
+
         plan = self._plan
         d = self._declaring(done, extra)
         if loading == "inline":
@@ -106,12 +106,12 @@ class EpochParts:
             return batch_shape(d, loading.threads, batches)
         return sample_shape(d, loading.threads, batches)
 
-    def build_caller(self) -> tuple[ProcessWorkers, PipelineBuilder[Any, Any]]:
+    def build_caller(self) -> tuple[ProcessWorkers, IdleRun]:
         """The worker processes of an epoch whose batches the calling thread sends and
-        reads itself (``_caller.WorkerFeed``), and a pipeline that never runs but owns
-        them: stopping it shuts them down, as it would a running one's."""
+        reads itself (``_caller.WorkerFeed``), and their owner: stopping it shuts them
+        down, as stopping a pipeline shuts down those it runs with."""
         workers, stopper = self._processes(receiver=False)
-        return workers, PipelineBuilder().add_source(()).add_stoppable(stopper).add_sink(1)
+        return workers, IdleRun(stopper)
 
     def record_tuning(self, stats: Sequence[StageStats]) -> None:
         """Keep where the last pipeline's ``"auto"`` stages settled, for the next epoch."""
@@ -119,7 +119,11 @@ class EpochParts:
 
     def _declaring(self, done: int, extra: set[int]) -> Declaring:
         """What the shapes read for one declaration (``extra``: copied, as delivering
-        batches changes the live set)."""
+        batches changes the live set). ``_epoch_shapes`` is imported here and by the two
+        ``build_`` methods, not with this module: it declares pipelines, which loads the
+        engine, and the epochs that ``next()`` drives (torch's default shape) never do."""
+        from ._epoch_shapes import Declaring
+
         self._auto = AutoStages(self._resources)
         return Declaring(
             self._plan,
