@@ -38,15 +38,11 @@ _LAZY = {
 
 __all__ = ["__version__", *_LAZY]
 
+_SUBPACKAGES = ("io", "source", "data", "lightning", "pipeline")  # imported on first use
+
 
 def __getattr__(name: str) -> Any:
-    if name in (
-        "io",
-        "source",
-        "data",
-        "lightning",
-        "pipeline",
-    ):  # subpackages, imported on first use
+    if name in _SUBPACKAGES:
         return importlib.import_module(f".{name}", __name__)
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)

@@ -12,15 +12,12 @@ and a training script that swaps its ``DataLoader`` import would then carry the 
 
 from __future__ import annotations
 
-import logging
 import weakref
 from typing import Any
 
-from ..pipeline import StageStats, StoppablePart
+from ..pipeline import OwnedParts, StageStats, StoppablePart
 
 __all__ = ["IdleRun"]
-
-_LG = logging.getLogger(__name__)
 
 
 class IdleRun:
@@ -33,7 +30,7 @@ class IdleRun:
     def __init__(self, *parts: StoppablePart) -> None:
         # The finalizer holds the parts, never this object: dropping the epoch without
         # stopping it still shuts them down.
-        self._finalizer = weakref.finalize(self, _shut_down, list(parts))
+        self._finalizer = weakref.finalize(self, OwnedParts(parts).shutdown)
 
     def stop(self, *, timeout: float | None = None) -> None:
         """Shut the parts down (nothing to join: no thread of its own). Idempotent."""
@@ -46,11 +43,3 @@ class IdleRun:
     def get_item(self, *, timeout: float | None = None) -> Any:
         """Nothing comes from here: ``next()`` reads the batches itself."""
         raise EOFError
-
-
-def _shut_down(parts: list[StoppablePart]) -> None:
-    for part in parts:
-        try:
-            part.shutdown()
-        except Exception:  # the rest must still stop (a part's shutdown must not raise)
-            _LG.exception("shutting down %r failed", part)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         run_pipeline_in_subinterpreter,
     )
     from ._core.errors import PipelineFailure
+    from ._core.parts import OwnedParts
     from ._core.protocols import StoppablePart, StoppableSource
     from ._core.stats import StageStats
     from ._declare.config import (
@@ -70,6 +71,7 @@ _WHERE = {
     "iterate_in_subinterpreter": "._compat",
     "run_pipeline_in_subinterpreter": "._compat",
     "PipelineFailure": "._core.errors",
+    "OwnedParts": "._core.parts",
     "StoppablePart": "._core.protocols",
     "StoppableSource": "._core.protocols",
     "StageStats": "._core.stats",
@@ -115,6 +117,7 @@ __all__ = [
     "BackgroundTaskFactory",
     "BuildOptions",
     "DisaggregateConfig",
+    "OwnedParts",
     "Pipeline",
     "PipelineBuilder",
     "PipelineSpec",

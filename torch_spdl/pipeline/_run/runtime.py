@@ -25,6 +25,7 @@ from typing import Any
 
 from .._autotune import AutotuneConfig, Autotuner
 from .._core.errors import PipelineFailure
+from .._core.parts import OwnedParts
 from .._core.protocols import StoppablePart, SupervisedStage
 from .._core.stats import StatsReporter
 from .._plugins.background import BackgroundTaskFactory, run_background
@@ -32,7 +33,7 @@ from .._wire.channel import Channel
 from .trace_record import PipelineTrace
 from .tracer import Tracer
 
-__all__ = ["OwnedParts", "Runtime", "STOPPED"]
+__all__ = ["Runtime", "STOPPED"]
 
 _LG = logging.getLogger("torch_spdl.pipeline")
 
@@ -50,27 +51,6 @@ _JOIN_S = 0.5
 
 
 STOPPED = _Stopped("the pipeline was stopped")
-
-
-class OwnedParts:
-    """The parts registered with a pipeline (:class:`StoppablePart`); true while some are
-    still to be shut down."""
-
-    def __init__(self, parts: Sequence[StoppablePart]) -> None:
-        self._parts = list(parts)
-
-    def __bool__(self) -> bool:
-        return bool(self._parts)
-
-    def shutdown(self) -> None:
-        """Shut down each part once, in the order registered; an error is logged, not
-        raised: the rest of the run must still stop."""
-        parts, self._parts = self._parts, []
-        for part in parts:
-            try:
-                part.shutdown()
-            except Exception:
-                _LG.exception("shutting down %r failed", part)
 
 
 class Runtime:
