@@ -10,6 +10,7 @@ worker that crashes is an exception in the loop, after which the next epoch runs
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import random
 import subprocess
@@ -231,6 +232,32 @@ def test_a_waiting_worker_keeps_its_niceness() -> None:
     threads each time a wait ends: it keeps the loader's niceness."""
     own = os.nice(0)
     assert _niceness_by_batch(Niceness(wait=0.02)) == [{own}] * 8
+
+
+class StackDepth(Dataset):
+    """Each sample is how many frames are under ``__getitem__`` in the process loading it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        return len(inspect.stack(0))
+
+
+@pytest.mark.parametrize("persistent_workers", [False, True])
+def test_a_workers_stack_is_no_deeper_than_torchs(persistent_workers: bool) -> None:
+    """Code that walks the stack for every sample (``torch.manual_seed``, which FakeData
+    calls, formats it three times) pays for every frame its worker inherited from the
+    fork: ours fork no deeper than torch's, from the same loop."""
+
+    def depths(loader_class: type) -> set[int]:
+        loader = loader_class(
+            StackDepth(), batch_size=4, num_workers=2, persistent_workers=persistent_workers
+        )
+        return {int(d) for batch in loader for d in batch}
+
+    (theirs,), (ours,) = depths(TorchDataLoader), depths(torch_spdl.DataLoader)
+    assert ours <= theirs
 
 
 class Segfaults(Dataset):

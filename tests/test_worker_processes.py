@@ -562,6 +562,7 @@ def test_workers_being_stopped_skip_the_batches_they_have_not_begun(tmp_path: An
     dataset = _HeldFirst(str(log), entered, release, finished)
     pool = ProcessWorkers(dataset, 1, 0, None, default_collate, True, in_flight=3, receiver=False)
     try:
+        pool.start()
         for b in range(3):
             pool.submit(b, [b], None, [b])
         assert entered.wait(WAIT)  # making batch 0; batches 1 and 2 are in its pipe

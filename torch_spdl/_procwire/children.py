@@ -3,11 +3,12 @@
 Every process boundary starts its children the same way (:meth:`Child.start`: the context
 the caller names, ``fork`` where the boundary relies on inheritance, the child's pipe ends
 closed in the parent right after the start, so that a child's death reaches the parent as
-the end of its pipe), and waits the same way: on the pipe *and* on the process's exit
-sentinel together (:meth:`Child.receive` for one child, :class:`Watch` for many), so a
-child that dies, even by ``os._exit`` or a signal, is reported at once with its exit code
-instead of leaving the parent waiting for a message that never comes. Stopping is one
-sequence too (:meth:`Child.stop`): a grace period to exit, then ``terminate``, then
+the end of its pipe; or made of a process that its owner forks from a frame of its
+choosing, closing those ends itself), and waits the same way: on the pipe *and* on the
+process's exit sentinel together (:meth:`Child.receive` for one child, :class:`Watch` for
+many), so a child that dies, even by ``os._exit`` or a signal, is reported at once with its
+exit code instead of leaving the parent waiting for a message that never comes. Stopping is
+one sequence too (:meth:`Child.stop`): a grace period to exit, then ``terminate``, then
 ``kill``; the process is reaped, and where the caller releases the process object its exit
 code is kept, so the :class:`Child` still answers what torch's iterator shows of a worker
 (``pid``, ``exitcode``, ``is_alive()``, ``join()``, ``terminate()``).
@@ -44,12 +45,14 @@ class ChildGone(Exception):
 
 
 class Child:
-    """A started child process and the parent's ends of its pipes (see :meth:`close_pipes`)."""
+    """A child process and the parent's ends of its pipes (see :meth:`close_pipes`): started
+    by :meth:`start`, or made of a process object that its owner starts (until then it has
+    no pid, and :meth:`stop` has nothing to do)."""
 
     def __init__(self, process: Any, ends: Sequence[Connection] = ()) -> None:
         self.process = process
         self.ends = list(ends)
-        self.pid: int | None = process.pid
+        self._pid: int | None = process.pid
         self._exitcode: int | None = None  # kept once the process object is closed
 
     @classmethod
@@ -73,6 +76,13 @@ class Child:
         return cls(process, ends)
 
     @property
+    def pid(self) -> int | None:
+        """The process id (None until started); still known once the process is closed."""
+        if self._pid is None and self._exitcode is None:
+            self._pid = self.process.pid
+        return self._pid
+
+    @property
     def sentinel(self) -> int:
         return int(self.process.sentinel)
 
@@ -92,6 +102,8 @@ class Child:
         return signal.Signals(-code) if code is not None and code < 0 else None
 
     def _call(self, method: str, *args: Any) -> Any:
+        if self.pid is None:  # never started
+            return None
         try:
             return getattr(self.process, method)(*args)
         except ValueError:  # closed: stopped and reaped already
@@ -135,7 +147,7 @@ class Child:
         ``term_grace`` seconds more) or, with ``kill_at_once``, ``kill`` it, and reap it;
         with ``release``, close the process object too (its exit code stays readable
         here). A child that exited is only reaped."""
-        if self._exitcode is not None:
+        if self._exitcode is not None or self.pid is None:  # reaped, or never started
             return
         process = self.process
         try:

@@ -146,12 +146,15 @@ class EpochIterator:
         if _fed_by_caller(plan):
             workers, idle = self._parts.build_caller()  # from now on they have an owner
             budget = self._parts.budget
-            if undrawn is not None:
-                try:
+            try:
+                # Forked here, four frames below DataLoader.__iter__ (where torch's forks
+                # three below, its workers one frame deeper): ProcessWorkers.start says why.
+                workers.start()
+                if undrawn is not None:
                     self._draw_first(undrawn)
-                except BaseException:  # the sampler failed: no worker outlives iter()
-                    idle.stop(timeout=_ABANDON_S)
-                    raise
+            except BaseException:  # a fork or the sampler failed: no worker outlives iter()
+                idle.stop(timeout=_ABANDON_S)
+                raise
             if self._map_style:
                 feed = WorkerFeed(
                     workers,
@@ -202,7 +205,7 @@ class EpochIterator:
         """This epoch's worker processes, as torch's iterator names them (torch's tests and
         some scripts join them, or read their pids); empty without worker processes."""
         loading = self._parts.loading
-        return loading.processes() if loading is not None else []
+        return loading.processes if loading is not None else []
 
     def __next__(self) -> Any:
         if self._closed:

@@ -109,8 +109,10 @@ class EpochParts:
     def build_caller(self) -> tuple[ProcessWorkers, IdleRun]:
         """The worker processes of an epoch whose batches the calling thread sends and
         reads itself (``_caller.WorkerFeed``), and their owner: stopping it shuts them
-        down, as stopping a pipeline shuts down those it runs with."""
-        workers, stopper = self._processes(receiver=False)
+        down, as stopping a pipeline shuts down those it runs with. The caller forks them
+        (``ProcessWorkers.start``): from its frame, the workers inherit a stack as short
+        as torch's workers do (why that matters: ``ProcessWorkers.start``)."""
+        workers, stopper = self._processes(receiver=False, start=False)
         return workers, IdleRun(stopper)
 
     def record_tuning(self, stats: Sequence[StageStats]) -> None:
@@ -137,13 +139,19 @@ class EpochParts:
         )
 
     def _processes(
-        self, *, receiver: bool = True, drop_buffers: bool = True
+        self, *, receiver: bool = True, drop_buffers: bool = True, start: bool = True
     ) -> tuple[ProcessWorkers, StoppablePart]:
-        """This epoch's worker processes and what stops them with the pipeline. The
-        buffers kept for batches collated on threads go first (``drop_buffers``): every
-        worker would inherit them."""
+        """This epoch's worker processes and what stops them with the pipeline, forked
+        unless ``start`` is False. The buffers kept for batches collated on threads go
+        first (``drop_buffers``): every worker would inherit them."""
         if drop_buffers:
             self._resources.drop_recycled_buffers()
         workers, stopper = self._executors.processes(receiver=receiver)
         self.loading = workers
+        if start:
+            try:
+                workers.start()
+            except BaseException:  # no pipeline owns them yet
+                stopper.shutdown()
+                raise
         return workers, stopper

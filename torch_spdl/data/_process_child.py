@@ -220,8 +220,12 @@ def worker_main(
             if first is not None and first not in steps_cache and stage_fns is not None:
                 steps_cache[first] = stage_fns(dataset, first)
             steps = steps_cache.get(first) if first is not None else None
-            reply = _load(task, values, indices, dataset, steps, collate_fn, auto_collation, arena)
-            send(results, reply)
+            # Called from this frame, not a helper's: a frame less under every sample
+            # (code that walks the stack pays for each: ProcessWorkers.start).
+            space = _space(arena, collate_fn, auto_collation)
+            collate = PlacingCollate(space.empty) if space is not None else collate_fn
+            fetched = fetch_batch(dataset, values, indices, steps, collate, auto_collation)
+            send(results, _pack(fetched, task.task_id, task.slot, arena, space, indices))
         priority.batch_ended()
     os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
 
@@ -248,23 +252,6 @@ def _space(
     if arena is None or not auto_collation or not is_default_collate(collate_fn):
         return None
     return BatchSpace(arena)
-
-
-def _load(
-    task: LoadBatch,
-    values: list[Any],
-    indices: list[Any],
-    dataset: Any,
-    steps: Sequence[Callable[[Any], Any]] | None,
-    collate_fn: Callable[[Any], Any],
-    auto_collation: bool,
-    arena: Arena | None,
-) -> Reply:
-    space = _space(arena, collate_fn, auto_collation)
-    if space is not None:
-        collate_fn = PlacingCollate(space.empty)
-    fetched = fetch_batch(dataset, values, indices, steps, collate_fn, auto_collation)
-    return _pack(fetched, task.task_id, task.slot, arena, space, indices)
 
 
 def _pack(

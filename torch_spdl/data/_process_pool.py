@@ -15,8 +15,9 @@ torch assigns them, so a dataset that draws random numbers in its workers (seede
 torch seeds them, with ``base_seed + worker_id``) produces the same batches as under torch.
 
 The workers are forked (the default on Linux, as with torch), so the dataset is not
-pickled; they are forked when the pool is made, by the thread that iterates the loader,
-before the epoch's pipeline starts any thread. A fork copies only the calling thread, and
+pickled; they are forked when the pool's owner starts it (:meth:`ProcessWorkers.start`, from
+as few frames as it can: why there), by the thread that iterates the loader, before the
+epoch's pipeline starts any thread. A fork copies only the calling thread, and
 the child runs nothing but the dataset, the collate function and the loop of
 :mod:`._process_child`, so a lock held by another thread at that moment (one of
 another pipeline's, say) is never needed in the child. Each child closes the pipes of its
@@ -45,7 +46,6 @@ from __future__ import annotations
 import functools
 import itertools
 import multiprocessing as mp
-import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -69,28 +69,13 @@ from ._process_child import (
 )
 from ._shared_batch import Arena, load_batch
 from ._worker_outbox import Outbox
+from ._worker_record import WorkerRecord, died
 
-__all__ = ["ProcessWorkers", "WorkerFailure"]
+__all__ = ["ProcessWorkers"]
 
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
 _HELD_BATCHES = 2  # arenas beyond the bound for the batches the training loop holds
 _WARM_ARENAS = 1  # arenas that keep their pages between batches (see _arena_leases)
-
-
-class WorkerFailure(RuntimeError):
-    """A worker process exited unexpectedly, or failed to start."""
-
-
-class _Worker:
-    __slots__ = ("wid", "child", "tasks", "results", "child_ends", "dead")
-
-    def __init__(self, wid: int) -> None:
-        self.wid = wid
-        self.child: Child = None  # type: ignore[assignment]  # once started
-        task_r, self.tasks = mp.Pipe(duplex=False)
-        self.results, result_w = mp.Pipe(duplex=False)
-        self.child_ends = (task_r, result_w)
-        self.dead: BaseException | None = None
 
 
 class ProcessWorkers:
@@ -135,8 +120,8 @@ class ProcessWorkers:
         if shared:
             import_what_workers_import()
         self.num_workers = num_workers
-        self._workers = [_Worker(i) for i in range(num_workers)]
-        self._pending: dict[int, tuple[Future[Fetched | None], _Worker, int]] = {}
+        self._workers = [WorkerRecord(i) for i in range(num_workers)]
+        self._pending: dict[int, tuple[Future[Fetched | None], WorkerRecord, int]] = {}
         self._lock = threading.Lock()
         self._ids = itertools.count()
         self._discarded: dict[int, int] = {}  # task -> arena, of batches no one waits for
@@ -159,7 +144,7 @@ class ProcessWorkers:
             iterable,
             nice,
         )
-        self._watch: Watch[_Worker] = Watch(self._wake_r)
+        self._watch: Watch[WorkerRecord] = Watch(self._wake_r)
         for w in self._workers:
             # Every pipe end but this worker's own two (its parent's end of its task pipe
             # among them: held open in the child, the parent's death would go unnoticed).
@@ -170,19 +155,14 @@ class ProcessWorkers:
                 if o is not w
                 for end in (o.tasks, o.results, *o.child_ends)
             ]
-            w.child = Child.start(
-                ctx,
-                worker_main,
-                (w.wid, config, stage_fns, *w.child_ends, self._arenas, self._cancelled, others),
-                name=f"torch_spdl-worker-{w.wid}",
-                ends=(w.tasks, w.results),
+            args = (w.wid, config, stage_fns, *w.child_ends, self._arenas, self._cancelled, others)
+            process = ctx.Process(
+                target=worker_main, args=args, name=f"torch_spdl-worker-{w.wid}", daemon=True
             )
-            self._watch.add(w, w.results, w.child)
-        # The parent keeps its own ends only, once every worker started: a later worker
-        # gets the earlier ones' ends to close (pickled, with a start method other than fork).
-        for w in self._workers:
-            for end in w.child_ends:
-                end.close()
+            w.child = Child(process, ends=(w.tasks, w.results))  # forked by start()
+        #: The worker processes, by worker id (what torch's iterator shows as ``_workers``).
+        self.processes: list[Child] = [w.child for w in self._workers]
+        self._started = False
         self._pumping = threading.Lock()  # one reader of the pipes at a time
         self._outbox = Outbox("torch_spdl-worker-sender")
         self._receiver: threading.Thread | None = None
@@ -190,11 +170,34 @@ class ProcessWorkers:
             self._receiver = threading.Thread(
                 target=self._receive, name="torch_spdl-worker-receiver", daemon=True
             )
-            self._receiver.start()
 
-    def processes(self) -> list[Child]:
-        """The worker processes, by worker id (what torch's iterator shows as ``_workers``)."""
-        return [w.child for w in self._workers]
+    def start(self) -> None:
+        """Fork the workers (the first call; later ones do nothing).
+
+        Separate from making the pool so that its owner forks from as few frames as it
+        can: a forked worker keeps the frames of the thread that forked it under its own,
+        and code that walks the stack for every sample pays for each of them. torchvision's
+        ``FakeData`` (``--dummy`` in pytorch/examples' imagenet) calls ``torch.manual_seed``
+        for every sample, which formats the whole stack three times (``traceback``, in
+        ``torch.cuda._lazy_call`` and its XPU and MTIA twins); a frame more cost 7-8 us a
+        sample on 2 cores, and forking six frames below where torch's loader forks cost a
+        worker 8% more CPU than torch's on 64x64 ``FakeData``. The owner (the epoch's
+        ``next()`` side, or the pipeline's parts) holds the pool before the fork, so a fork
+        that fails leaves nothing without an owner.
+        """
+        if self._started:
+            return
+        self._started = True
+        for w in self._workers:
+            w.child.process.start()
+            self._watch.add(w, w.results, w.child)
+        # The parent keeps its own ends only, once every worker started: a later worker
+        # gets the earlier ones' ends to close (pickled, with a start method other than fork).
+        for w in self._workers:
+            for end in w.child_ends:
+                end.close()
+        if self._receiver is not None:
+            self._receiver.start()
 
     # -- the loader's side ----------------------------------------------------------------
     def submit(
@@ -236,7 +239,7 @@ class ProcessWorkers:
         return self._send(key, worker, lambda task_id, slot: NextBatch(task_id, slot, payload))
 
     def _send(
-        self, b: int, worker: _Worker, task: Callable[[int, int], LoadBatch | NextBatch]
+        self, b: int, worker: WorkerRecord, task: Callable[[int, int], LoadBatch | NextBatch]
     ) -> Future[Fetched | None]:
         """Send ``task(task_id, arena)`` to ``worker`` once an arena is free for batch ``b``."""
         slot: int | None = NO_ARENA
@@ -316,7 +319,7 @@ class ProcessWorkers:
             self._outbox.stop(w.tasks)
         self._outbox.finish()
         self._wake_w.send(None)
-        if self._receiver is not None:
+        if self._receiver is not None and self._receiver.is_alive():
             self._receiver.join()
         for w in self._workers:  # a worker busy in user code, or stuck, is killed
             w.child.stop(_GRACE_S, kill_at_once=True, release=True)
@@ -324,6 +327,8 @@ class ProcessWorkers:
         self._outbox.join()
         for w in self._workers:
             w.child.close_pipes()
+            for end in w.child_ends:  # never started: the child's ends are still here
+                end.close()
         if self._cancelled is not None:
             self._cancelled.close()
         for arena in self._arenas or ():
@@ -363,11 +368,11 @@ class ProcessWorkers:
                     waited = any(w is worker for _, w, _ in self._pending.values())
                 told = self._outbox.stopped(worker.tasks)
                 if waited or not told or worker.child.exitcode != 0:
-                    worker.dead = _died(worker)
+                    worker.dead = died(worker)
                     self._fail_worker(worker, worker.dead)
         return True
 
-    def _settle(self, worker: _Worker, reply: Reply) -> None:
+    def _settle(self, worker: WorkerRecord, reply: Reply) -> None:
         if isinstance(reply, InitFailed):
             error = reply.error.rebuild("worker process")
             error.add_note(f"torch_spdl.DataLoader: worker_init_fn failed in worker {worker.wid}")
@@ -391,7 +396,7 @@ class ProcessWorkers:
         else:
             future.set_result(outcome)
 
-    def _outcome(self, worker: _Worker, reply: Reply, slot: int) -> Fetched | None:
+    def _outcome(self, worker: WorkerRecord, reply: Reply, slot: int) -> Fetched | None:
         if isinstance(reply, Exhausted):  # an iterable dataset's worker has no more batches
             self._leases.release(slot)
             return None
@@ -416,25 +421,13 @@ class ProcessWorkers:
             errors.append((failed.pos, failed.index, error))
         return Fetched(samples=value, errors=errors)
 
-    def _fail_worker(self, worker: _Worker, error: BaseException) -> None:
+    def _fail_worker(self, worker: WorkerRecord, error: BaseException) -> None:
         with self._lock:
             mine = [k for k, (_, w, _) in self._pending.items() if w is worker]
             entries = [self._pending.pop(k) for k in mine]
         for future, _, slot in entries:  # a dead worker writes no arena any more
             self._leases.release(slot)
             future.set_exception(error)
-
-
-def _died(worker: _Worker) -> WorkerFailure:
-    """The error for a worker that exited unexpectedly, in torch's words (scripts match them)."""
-    child = worker.child
-    where = f"DataLoader worker (pid {child.pid})"
-    sig = child.signal
-    if sig is not None:
-        what = f"{where} is killed by signal: {signal.strsignal(sig)} ({sig.name})"
-    else:
-        what = f"{where} exited unexpectedly with exit code {child.exitcode}"
-    return WorkerFailure(f"{what}; it was worker process {worker.wid}")
 
 
 def _cool(arenas: list[Arena], slot: int) -> None:
