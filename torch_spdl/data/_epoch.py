@@ -147,8 +147,8 @@ class EpochIterator:
             workers, idle = self._parts.build_caller()  # from now on they have an owner
             budget = self._parts.budget
             try:
-                # Forked here, four frames below DataLoader.__iter__ (where torch's forks
-                # three below, its workers one frame deeper): ProcessWorkers.start says why.
+                # Forked from this frame, not deeper: a worker's __getitem__ then has a
+                # frame fewer under it than under torch's loader (ProcessWorkers.start).
                 workers.start()
                 if undrawn is not None:
                     self._draw_first(undrawn)
