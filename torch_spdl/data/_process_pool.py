@@ -15,14 +15,14 @@ torch assigns them, so a dataset that draws random numbers in its workers (seede
 torch seeds them, with ``base_seed + worker_id``) produces the same batches as under torch.
 
 The workers are forked (the default on Linux, as with torch), so the dataset is not
-pickled; they are forked when the pool's owner starts it (:meth:`ProcessWorkers.start`, from
-as few frames as it can: why there), by the thread that iterates the loader, before the
-epoch's pipeline starts any thread. A fork copies only the calling thread, and
-the child runs nothing but the dataset, the collate function and the loop of
-:mod:`._process_child`, so a lock held by another thread at that moment (one of
-another pipeline's, say) is never needed in the child. Each child closes the pipes of its
-siblings, so that its parent's death reaches it as the end of its pipe; the arenas are the
-loader's and any worker may write a batch into any of them.
+pickled; they are forked when the pool's owner starts it (:meth:`ProcessWorkers.start`,
+from as few frames as it can: why there), by the thread that iterates the loader, before
+the epoch's pipeline starts any thread. A fork copies only the calling thread, and the
+child runs nothing but the dataset, the collate function and the loop of
+:mod:`._process_child`, so a lock held by another thread at that moment (one of another
+pipeline's, say) is never needed in the child. Each child closes the pipes of its siblings,
+so that its parent's death reaches it as the end of its pipe; the arenas are the loader's
+and any worker may write a batch into any of them.
 
 Results are read by one wait on every worker's pipe and on every worker's exit at once (the
 process wire's ``Watch``, ``torch_spdl._procwire``): a worker that dies (killed,
