@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ._batch_workers import BatchWorkers
 from ._fetch import Fetched, fetch_batch
-from ._process_pool import ProcessWorkers
 from ._sample_ops import BatchError, SkipBudget, Slot, settle
 from ._thread_or_process import Probe, SwitchGate, WorkerChoice, clock, decide
 from ._worker_info import WorkerGroup, single_threaded_ops
@@ -135,7 +135,7 @@ class SendToWorkers:
     ran on threads, ``(b, [(index, value), ...])`` with ``split`` naming the first stage
     the worker runs."""
 
-    def __init__(self, workers: ProcessWorkers, split: int | None) -> None:
+    def __init__(self, workers: BatchWorkers, split: int | None) -> None:
         self.workers = workers
         self.split = split
 

@@ -27,13 +27,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from typing import Any
 
 from ._batch_ops import SettleBatch
 from ._batch_transfer import BatchMover
-from ._fetch import Fetched, IterableFetcher, fetch_batch
-from ._process_pool import ProcessWorkers
+from ._batch_workers import BatchWorkers, Pending
+from ._fetch import IterableFetcher, fetch_batch
 from ._sample_ops import BatchError, SkipBudget
 
 __all__ = ["CallerLoading", "Feed", "WorkerFeed", "inline_iterable", "inline_map"]
@@ -116,7 +115,7 @@ class WorkerFeed:
 
     def __init__(
         self,
-        workers: ProcessWorkers,
+        workers: BatchWorkers,
         batches: Iterator[tuple[int, list[Any]]],
         in_flight: int,
         timeout: float | None,
@@ -128,7 +127,7 @@ class WorkerFeed:
         self._batches: Iterator[tuple[int, list[Any]]] | None = batches
         self._in_flight = in_flight
         self._timeout = timeout
-        self._sent: deque[tuple[int, Future[Fetched | None] | BatchError | _Raise]] = deque()
+        self._sent: deque[tuple[int, Pending | BatchError | _Raise]] = deque()
 
     def __call__(self) -> tuple[int, Any]:
         self._send()
@@ -163,7 +162,7 @@ class WorkerFeed:
                     self._workers.no_more_tasks()
                 return
             b, indices = item
-            sent: Future[Fetched | None] | BatchError
+            sent: Pending | BatchError
             try:
                 sent = self._workers.submit(b, indices, None, indices)
             except Exception as exc:  # the worker died or failed to start

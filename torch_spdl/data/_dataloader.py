@@ -29,7 +29,7 @@ from ._worker_info import install_torch_worker_info
 
 __all__ = ["DataLoader"]
 
-_WORKER_TYPES = ("auto", "thread", "process")
+_WORKER_TYPES = ("auto", "thread", "process", "ray")
 
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -76,7 +76,17 @@ class DataLoader(_TorchDataLoader[_T_co]):
             ``"thread"`` on threads of this process (sharing its global RNGs, its GIL and
             its fate in a crash); ``"auto"`` measures the first batches and picks threads,
             or worker processes when the work holds the GIL (the choice is in
-            :attr:`worker_choice`; see docs/dataloader.md for what each gives up).
+            :attr:`worker_choice`; see docs/dataloader.md for what each gives up);
+            ``"ray"``: ``num_workers`` Ray actors anywhere in a Ray cluster, each one of
+            torch's workers (the same batches for a seed as ``"process"``; see
+            docs/distributed.md, "Beyond one machine").
+        ray_options: with ``worker_type="ray"``, Ray's actor options for every worker
+            (``num_cpus``, default 1; ``num_gpus``, ``memory``, custom ``resources``,
+            ``scheduling_strategy`` such as ``"SPREAD"`` or a node affinity, ...), and
+            three of the loader's own: ``address`` (the cluster to connect to when this
+            process is not connected yet; default Ray's), ``max_replacements`` (actors
+            that may die and be replaced in all, default ``2 * num_workers``) and
+            ``start_timeout_s`` (how long the actors may take to be placed, default 120).
         io_concurrency: workers of a :class:`StagedDataset`'s ``io`` stages, or ``"auto"``
             (default: autotuned from ``num_workers``, at least 8, up to 64; never below
             where it starts).
@@ -134,7 +144,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
         io_concurrency: int | Literal["auto"] | None = None,
         cpu_concurrency: int | Literal["auto"] | None = None,
         collate_concurrency: int | Literal["auto"] = 1,
-        worker_type: Literal["auto", "thread", "process"] = "process",
+        worker_type: Literal["auto", "thread", "process", "ray"] = "process",
+        ray_options: dict[str, Any] | None = None,
         buffer_size: int | None = None,
         device: str | torch.device | None = None,
         max_failures: int = 0,
@@ -173,13 +184,18 @@ class DataLoader(_TorchDataLoader[_T_co]):
         self.cpu_concurrency = cpu_concurrency
         self.collate_concurrency = collate_concurrency
         self.worker_type = worker_type
+        self.ray_options = dict(ray_options or {})
+        if ray_options and worker_type != "ray":
+            raise ValueError("ray_options is for worker_type='ray'")
         self.buffer_size = buffer_size
         self.device = device
         self.max_failures = max_failures
         self.per_worker_dataset = per_worker_dataset
         self.worker_nice = worker_nice
         self.check_worker_number_rationality()
-        if worker_type != "process" or isinstance(dataset, StagedDataset):
+        if worker_type in ("thread", "auto") or (
+            worker_type == "process" and isinstance(dataset, StagedDataset)
+        ):
             # Loader threads will run user code: torch.utils.data.get_worker_info() must
             # answer in them. Only then is torch's function touched (never by the default,
             # whose workers are processes: the training process stays as torch leaves it).
@@ -191,7 +207,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if worker_type != "auto" and num_workers > 0:
             threads = worker_type == "thread"
             choice = WorkerChoice(
-                worker_type,
+                "thread" if threads else "process",
                 num_workers if threads else 0,
                 per_batch=not threads,
                 reason=f"worker_type={worker_type!r}",
@@ -221,7 +237,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
     def check_worker_number_rationality(self) -> None:
         # torch warns when num_workers exceeds the cores; threads waiting on I/O are cheap,
         # so the warning only applies to worker processes.
-        if getattr(self, "worker_type", "thread") == "process":
+        if getattr(self, "worker_type", "thread") == "process":  # Ray's actors are elsewhere
             super().check_worker_number_rationality()
 
     # -- iteration -----------------------------------------------------------------------
@@ -248,6 +264,7 @@ class DataLoader(_TorchDataLoader[_T_co]):
             collate_fn=self.collate_fn,
             num_workers=self.num_workers,
             worker_type=self.worker_type,
+            ray_options=self.ray_options,
             worker_init_fn=self.worker_init_fn,
             per_worker_dataset=self.per_worker_dataset,
             worker_nice=self.worker_nice,
@@ -269,10 +286,12 @@ class DataLoader(_TorchDataLoader[_T_co]):
 
     def _loading(self) -> Loading:
         """How this epoch loads a map-style dataset (see ``EpochParts.build_map``)."""
-        if self.num_workers == 0 and self.worker_type == "process":
+        if self.num_workers == 0 and self.worker_type in ("process", "ray"):
             # torch's single-process loading, a StagedDataset's stages included (its
             # __getitem__ runs them in order): no thread draws from the global RNGs
             return "caller"
+        if self.worker_type == "ray":  # an actor runs a staged dataset's every stage
+            return self.worker_choice or "probe"
         if isinstance(self.dataset, StagedDataset):
             return "staged"
         if self.num_workers == 0:
@@ -318,7 +337,9 @@ def _check_own_knobs(
     """Raise ValueError for a value of the arguments torch does not have that is not
     allowed (the messages name the argument and the value)."""
     if worker_type not in _WORKER_TYPES:
-        raise ValueError(f"worker_type must be 'auto', 'thread' or 'process', got {worker_type!r}")
+        raise ValueError(
+            f"worker_type must be 'auto', 'thread', 'process' or 'ray', got {worker_type!r}"
+        )
     for knob, value in concurrency.items():
         if value == "auto" and knob != "buffer_size":
             continue

@@ -138,7 +138,9 @@ class EpochIterator:
         draw from once the worker processes that next() feeds have forked."""
         plan = self._plan
         iterable_inline = not self._map_style and plan.num_workers == 0
-        if plan.loading == "caller" or (iterable_inline and plan.worker_type == "process"):
+        if plan.loading == "caller" or (
+            iterable_inline and plan.worker_type in ("process", "ray")
+        ):
             batches = self._batches(0) if self._map_style else None
             feed = _inline_feed(plan, batches, self._watermark, stateful=self._stateful)
             self._caller = _caller_loading(plan, self._skips, feed)
@@ -352,7 +354,7 @@ def _fed_by_caller(plan: EpochPlan) -> bool:
         loading = plan.loading
         processes = isinstance(loading, WorkerChoice) and loading.kind == "process"
     else:  # an IterableDataset: its worker_type says how
-        processes = plan.worker_type == "process" and plan.num_workers > 0
+        processes = plan.worker_type in ("process", "ray") and plan.num_workers > 0
     mover = BatchMover(plan.device, pin_memory=plan.pin_memory)
     return processes and plan.in_order and not mover.active
 

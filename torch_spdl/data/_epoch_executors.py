@@ -15,6 +15,7 @@ from concurrent.futures import Executor
 
 from ..pipeline import StoppablePart
 from ._batch_budget import BatchBudget
+from ._batch_workers import BatchWorkers
 from ._epoch_plan import EpochPlan, LoaderResources
 from ._process_pool import ProcessWorkers
 from ._stage_specs import stage_fns
@@ -91,7 +92,7 @@ class EpochExecutors:
             return self._resources.thread_group(group)
         return group
 
-    def processes(self, *, receiver: bool = True) -> tuple[ProcessWorkers, StoppablePart]:
+    def processes(self, *, receiver: bool = True) -> tuple[BatchWorkers, StoppablePart]:
         """The loader's persistent worker processes, or this epoch's own, and what the
         pipeline that uses them shuts down as it stops; ``receiver``: whether results are
         read on a receiver thread (for a pipeline) or by the thread that waits for them
@@ -102,8 +103,29 @@ class EpochExecutors:
         workers = make()
         return workers, workers
 
-    def _make_processes(self, *, receiver: bool) -> ProcessWorkers:
+    def _make_processes(self, *, receiver: bool) -> BatchWorkers:
         plan = self._plan
+        iterable = (
+            None
+            if plan.map_style
+            else (plan.batch_size if plan.auto_collation else None, plan.drop_last)
+        )
+        if plan.worker_type == "ray":
+            from ._ray_workers import RayWorkers  # imports Ray: only when asked for
+
+            io = plan.io_concurrency
+            return RayWorkers(
+                plan.dataset,
+                plan.num_workers,
+                self._base_seed,
+                plan.worker_init_fn,
+                plan.collate_fn,
+                plan.auto_collation,
+                iterable,
+                plan.ray_options,
+                io_threads=io if isinstance(io, int) else 16,
+                shared=self._resources.ray_objects,
+            )
         return ProcessWorkers(
             plan.dataset,
             plan.num_workers,
@@ -114,11 +136,7 @@ class EpochExecutors:
             in_flight=self._budget.per_worker,
             mp_context=plan.multiprocessing_context,
             stage_fns=stage_fns,
-            iterable=(
-                None
-                if plan.map_style
-                else (plan.batch_size if plan.auto_collation else None, plan.drop_last)
-            ),
+            iterable=iterable,
             receiver=receiver,
             nice=plan.worker_nice,
         )

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..pipeline import StageStats, StoppablePart
 from ._batch_budget import BatchBudget
+from ._batch_workers import BatchWorkers
 from ._epoch_executors import EpochExecutors
 from ._epoch_plan import EpochPlan, LoaderResources, Loading
 from ._idle_run import IdleRun
-from ._process_pool import ProcessWorkers
 from ._sample_ops import SkipBudget
 from ._stage_specs import AutoStages, split_point
 from ._thread_or_process import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice
@@ -61,7 +61,7 @@ class EpochParts:
         self._budget = BatchBudget.of(plan)
         self._executors = EpochExecutors(plan, resources, base_seed, self._budget)
         #: The worker processes this epoch's batches come from, if any.
-        self.loading: ProcessWorkers | None = None
+        self.loading: BatchWorkers | None = None
         #: ``worker_type="auto"``'s measurements, while it probes.
         self.probe: Probe | None = None
         self._auto = AutoStages(resources)  # the "auto" stages of the last declaration
@@ -76,7 +76,7 @@ class EpochParts:
         from ._epoch_shapes import iterable_shape  # declaring loads the engine: see _declaring
 
         plan = self._plan
-        with_processes = plan.worker_type == "process" and self._executors.any
+        with_processes = plan.worker_type in ("process", "ray") and self._executors.any
         processes = self._processes(drop_buffers=False) if with_processes else None
         return iterable_shape(self._declaring(done, set()), processes)
 
@@ -106,7 +106,7 @@ class EpochParts:
             return batch_shape(d, loading.threads, batches)
         return sample_shape(d, loading.threads, batches)
 
-    def build_caller(self) -> tuple[ProcessWorkers, IdleRun]:
+    def build_caller(self) -> tuple[BatchWorkers, IdleRun]:
         """The worker processes of an epoch whose batches the calling thread sends and
         reads itself (``_caller.WorkerFeed``), and their owner: stopping it shuts them
         down, as stopping a pipeline shuts down those it runs with. The caller forks them
@@ -140,7 +140,7 @@ class EpochParts:
 
     def _processes(
         self, *, receiver: bool = True, drop_buffers: bool = True, start: bool = True
-    ) -> tuple[ProcessWorkers, StoppablePart]:
+    ) -> tuple[BatchWorkers, StoppablePart]:
         """This epoch's worker processes and what stops them with the pipeline, forked
         unless ``start`` is False. The buffers kept for batches collated on threads go
         first (``drop_buffers``): every worker would inherit them."""

@@ -23,8 +23,8 @@ from typing import Any, Literal
 
 import torch
 
+from ._batch_workers import BatchWorkers
 from ._collate import RecyclingCollate
-from ._process_pool import ProcessWorkers
 from ._thread_or_process import WorkerChoice
 from ._worker_info import WorkerGroup
 
@@ -60,7 +60,9 @@ class EpochPlan:
     drop_last: bool
     collate_fn: Callable[[Any], Any]
     num_workers: int
-    worker_type: Literal["auto", "thread", "process"]
+    worker_type: Literal["auto", "thread", "process", "ray"]
+    #: Ray's actor options and the loader's own (``worker_type="ray"``).
+    ray_options: dict[str, Any]
     worker_init_fn: Callable[[int], None] | None
     per_worker_dataset: bool
     #: added to a worker process's niceness once it computes (``_worker_priority``).
@@ -119,8 +121,10 @@ class LoaderResources:
         self._executor: Executor | None = None  # persistent worker threads
         self._executor_threads = 0
         self._group: WorkerGroup | None = None  # their worker ids
-        self._process_workers: ProcessWorkers | None = None  # persistent worker processes
+        self._process_workers: BatchWorkers | None = None  # persistent worker processes
         self._finalizers: list[weakref.finalize[Any, Any]] = []
+        #: ``worker_type="ray"``: the pickled dataset in the object store, by its digest.
+        self.ray_objects: dict[str, Any] = {}
         self._collate: RecyclingCollate | None = None
         # Where each "auto" stage ended last epoch, by the id the epoch gave the stage:
         # the next epoch starts it there.
@@ -149,7 +153,7 @@ class LoaderResources:
         return self._group
 
     # -- worker processes --------------------------------------------------------------------
-    def process_workers(self, make: Callable[[], ProcessWorkers]) -> ProcessWorkers:
+    def process_workers(self, make: Callable[[], BatchWorkers]) -> BatchWorkers:
         """The persistent worker processes, started with ``make`` the first time."""
         if self._process_workers is None:
             self._process_workers = make()
@@ -193,3 +197,4 @@ class LoaderResources:
         self._finalizers = []
         self._executor = None
         self._process_workers = None
+        self.ray_objects.clear()

@@ -36,12 +36,12 @@ from ..pipeline import PipelineBuilder, StoppablePart
 from ._batch_budget import BatchBudget
 from ._batch_ops import LoadInThreads, SendToWorkers, SettleBatch, receive_from_workers
 from ._batch_transfer import BatchMover
+from ._batch_workers import BatchWorkers
 from ._collate import is_default_collate
 from ._epoch_executors import EpochExecutors
 from ._epoch_plan import EpochPlan, LoaderResources
 from ._iterable_processes import process_batches
 from ._iterable_threads import IterableThreads
-from ._process_pool import ProcessWorkers
 from ._sample_ops import (
     CollateOrError,
     Rebatch,
@@ -163,7 +163,7 @@ def batch_shape(
 
 def process_shape(
     d: Declaring,
-    workers: ProcessWorkers,
+    workers: BatchWorkers,
     stopper: StoppablePart,
     batches: Batches,
     *,
@@ -195,7 +195,7 @@ def process_shape(
     return _settle(d, builder, plan.collate_fn, holding=in_flight)
 
 
-def iterable_shape(d: Declaring, processes: tuple[ProcessWorkers, StoppablePart] | None) -> Builder:
+def iterable_shape(d: Declaring, processes: tuple[BatchWorkers, StoppablePart] | None) -> Builder:
     """An ``IterableDataset``'s epoch, past the ``d.done`` batches delivered before:
     its samples read here and batched in the pipeline (as torch batches them in one
     process), or its workers' own batches, round-robin (``_iterable_threads``), from
@@ -204,7 +204,9 @@ def iterable_shape(d: Declaring, processes: tuple[ProcessWorkers, StoppablePart]
     builder = Builder()
     if processes is not None:
         workers, stopper = processes
-        batches = process_batches(workers, d.budget.per_worker, in_order=plan.in_order)
+        # Ray's tasks are read in torch's order (they are no futures to wait on together)
+        in_order = plan.in_order or plan.worker_type == "ray"
+        batches = process_batches(workers, d.budget.per_worker, in_order=in_order)
         builder.add_source(itertools.islice(batches, d.done, None)).add_stoppable(stopper)
         return _finish(d, builder, d.budget.sink)
     if not d.executors.any:

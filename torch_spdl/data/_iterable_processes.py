@@ -30,11 +30,11 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from typing import Any
+from typing import Any, cast
 
 from .._procwire import RoundRobin
+from ._batch_workers import BatchWorkers, Pending
 from ._fetch import Fetched
-from ._process_pool import ProcessWorkers
 from ._sample_ops import BatchError
 
 __all__ = ["WorkerStates", "caller_feed", "process_batches"]
@@ -42,7 +42,7 @@ __all__ = ["WorkerStates", "caller_feed", "process_batches"]
 _epochs = itertools.count()
 
 
-Read = Callable[[Future[Fetched | None]], Fetched | None]
+Read = Callable[[Pending], Fetched | None]
 
 
 class WorkerStates:
@@ -60,7 +60,7 @@ class WorkerStates:
 
 
 def process_batches(
-    workers: ProcessWorkers,
+    workers: BatchWorkers,
     prefetch: int,
     in_order: bool,
     read: Read | None = None,
@@ -72,7 +72,7 @@ def process_batches(
     a stateful dataset's state of each batch handed on; ``restore`` resumes from them."""
     epoch = next(_epochs)  # a fresh iterator in each worker (persistent ones included)
     keys = itertools.count()
-    pending: dict[int, deque[tuple[int, Future[Fetched | None]]]] = {}
+    pending: dict[int, deque[tuple[int, Pending]]] = {}
     first = dict(restore.states) if restore is not None else {}
 
     def ask(wid: int) -> None:
@@ -92,7 +92,8 @@ def process_batches(
         if in_order:
             wid = turns.current()
         else:
-            heads = {pending[w][0][1]: w for w in turns.active}
+            # futures of worker processes (Ray's tasks are read in order: see build_iterable)
+            heads = {cast(Future, pending[w][0][1]): w for w in turns.active}
             done, _ = wait(heads, return_when=FIRST_COMPLETED)
             wid = heads[next(iter(done))]
         key, future = pending[wid].popleft()
@@ -115,7 +116,7 @@ def process_batches(
 
 
 def caller_feed(
-    workers: ProcessWorkers,
+    workers: BatchWorkers,
     prefetch: int,
     skip: int,
     timeout: float | None,
@@ -141,7 +142,7 @@ def caller_feed(
     return feed
 
 
-def _result(future: Future[Fetched | None], read: Read | None) -> tuple[Any, Any]:
+def _result(future: Pending, read: Read | None) -> tuple[Any, Any]:
     """The batch (or its error) and the dataset's state after it."""
     try:
         fetched = read(future) if read is not None else future.result()

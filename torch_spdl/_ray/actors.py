@@ -1,0 +1,138 @@
+"""A fixed number of actor slots, each holding one live actor, replaced when it dies.
+
+The loader's workers and a region's actors are numbered (worker ``i`` is seeded with
+``base_seed + i``; its batches are its own), so an actor that dies is replaced *in its
+slot*: a new actor made with the same arguments, which the owner then brings to where
+the dead one was (the loader replays what it had not delivered). Replacements are
+bounded: a dataset that kills every actor it runs in would otherwise be retried forever,
+so past ``max_replacements`` in all the owner gets :class:`ReplacementsExhausted`, naming
+the slot and the last cause.
+
+Actors are made with ``max_restarts=0``: Ray's own restart would rerun the constructor
+behind the owner's back, and the owner, not Ray, knows which tasks to run again. Every
+actor made here is killed by :meth:`ActorSet.shutdown` (``ray.kill``, which does not wait
+for a task under way): nothing outlives the owner.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .cluster import check_feasible, describe_request
+
+__all__ = ["ActorSet", "ReplacementsExhausted"]
+
+
+class ReplacementsExhausted(RuntimeError):
+    """More actors died than the owner's budget of replacements allows."""
+
+
+class ActorSet:
+    """``count`` actors of ``actor_class`` (a Ray actor class), slot ``i`` made with
+    ``args(i)``, placed with the user's ``options``.
+
+    Args:
+        ray: the ``ray`` module, connected.
+        actor_class: what ``ray.remote`` made of the actor's class.
+        count: how many slots.
+        args: the constructor's arguments for slot ``i`` (called again for a replacement).
+        options: Ray's actor options (``num_cpus``, ``resources``, ``scheduling_strategy``,
+            ...), as ``actor_class.options(**options)`` takes them.
+        who: names the owner in errors (``"torch_spdl.DataLoader(worker_type='ray')"``).
+        max_replacements: actors that may be replaced in all, over the set's life.
+    """
+
+    def __init__(
+        self,
+        ray: Any,
+        actor_class: Any,
+        count: int,
+        args: Callable[[int], tuple[Any, ...]],
+        options: dict[str, Any],
+        who: str,
+        max_replacements: int,
+    ) -> None:
+        self._ray = ray
+        self._class = actor_class
+        self._args = args
+        self.options = {"num_cpus": 1, **options, "max_restarts": 0}
+        self.who = who
+        self._budget = max_replacements
+        self.replaced = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        check_feasible(ray, self.options, who)
+        self._actors: list[Any] = [self._make(i) for i in range(count)]
+        #: Bumped for slot ``i`` each time its actor is replaced.
+        self.generation = [0] * count
+
+    def _make(self, slot: int) -> Any:
+        return self._class.options(**self.options).remote(*self._args(slot))
+
+    def __len__(self) -> int:
+        return len(self._actors)
+
+    def __getitem__(self, slot: int) -> Any:
+        return self._actors[slot]
+
+    def wait_ready(self, ping: Callable[[Any], Any], timeout: float) -> None:
+        """Wait until every actor answers ``ping(actor)`` (an ObjectRef), at most
+        ``timeout`` seconds: an actor that cannot be placed (the cluster is full) is an
+        error naming what it asked for, not a hang."""
+        refs = [ping(actor) for actor in self._actors]
+        deadline = time.monotonic() + timeout
+        pending = list(refs)
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(
+                    f"{self.who}: {len(pending)} of {len(refs)} Ray actors (asking for "
+                    f"{describe_request(self.options)}) were not placed within "
+                    f"{timeout:g} s: the cluster has no room for them now"
+                )
+            _, pending = self._ray.wait(pending, num_returns=len(pending), timeout=min(left, 1.0))
+        self._ray.get(refs)  # raises what a constructor raised
+
+    def replace(self, slot: int, generation: int, cause: BaseException) -> bool:
+        """Replace slot ``slot``'s actor, which died (``cause``), unless it was replaced
+        since ``generation`` already. True if this call replaced it.
+
+        Raises:
+            ReplacementsExhausted: the budget of replacements is spent.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self.who}: the Ray actors were shut down") from cause
+            if self.generation[slot] != generation:
+                return False
+            if self.replaced >= self._budget:
+                raise ReplacementsExhausted(
+                    f"{self.who}: the Ray actor of worker {slot} died and the budget of "
+                    f"{self._budget} replacements is spent ({self.replaced} actors replaced "
+                    f"so far); the last cause: {type(cause).__name__}: {cause}"
+                ) from cause
+            self.replaced += 1
+            old = self._actors[slot]
+            self._actors[slot] = self._make(slot)
+            self.generation[slot] += 1
+        self._kill(old)
+        return True
+
+    def _kill(self, actor: Any) -> None:
+        try:
+            self._ray.kill(actor, no_restart=True)
+        except Exception:  # already gone, or the cluster with it
+            pass
+
+    def shutdown(self) -> None:
+        """Kill every actor now (a task under way is not waited for)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            actors, self._actors = self._actors, []
+        for actor in actors:
+            self._kill(actor)

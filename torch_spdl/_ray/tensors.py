@@ -1,0 +1,104 @@
+"""A batch across Ray's object store: its tensors out of band, read back without a copy.
+
+Ray stores a NumPy array returned by a task as a buffer of its own ("out of band") and
+hands it back to a reader on the same node as a read-only view of the object store's
+shared memory: no copy. It does not do that for a torch tensor, which it pickles into
+the object's bytes (a copy in, a copy out). So an actor's batch is :func:`pack`-ed: the
+batch pickled with every tensor (and every NumPy array of plain numbers) replaced by a
+reference to a flat byte array returned beside it; :func:`unpack` rebuilds it with each
+tensor *viewing* its array where the object store put it. The view is writable (a
+training loop may normalise a batch in place; the object is this process's alone, and
+the memory is released once the last tensor viewing it is freed).
+
+Tensors are matched by exact type, in the pickler's table of reductions (looked up in C),
+as the loader's shared-memory batches are (``torch_spdl.data._shared_batch``): an
+``nn.Parameter`` or another subclass pickles as it would anywhere.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["pack", "unpack"]
+
+
+class _Packer(pickle.Pickler):
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arrays: list[np.ndarray] = []
+        self.dispatch_table = {torch.Tensor: self._tensor, np.ndarray: self._array}
+
+    def _slot(self, flat: np.ndarray) -> int:
+        self.arrays.append(flat)
+        return len(self.arrays) - 1
+
+    def _tensor(self, t: torch.Tensor) -> Any:
+        if t.is_sparse or t.is_quantized or t.is_nested or t.requires_grad:
+            return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # as plain pickle has it
+        t = t.detach().cpu()
+        if t.numel() == 0:
+            return _empty_tensor, (tuple(t.shape), t.dtype)
+        flat = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+        return _Slot, (self._slot(flat), "torch", t.dtype, tuple(t.shape))
+
+    def _array(self, a: np.ndarray) -> Any:
+        if a.dtype.hasobject or a.size == 0 or not a.dtype.isnative:
+            return a.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        return _Slot, (self._slot(flat), "numpy", a.dtype.str, a.shape)
+
+
+def pack(obj: Any) -> tuple[bytes, list[np.ndarray]]:
+    """``obj`` as its pickled bytes and the flat byte arrays of its tensors and arrays
+    (return both from a Ray task: the arrays then cross out of band)."""
+    file = io.BytesIO()
+    packer = _Packer(file)
+    packer.dump(obj)
+    return file.getvalue(), packer.arrays
+
+
+def _empty_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+class _Slot:
+    """Stands for a tensor or array in the pickled bytes; rebuilt by :func:`unpack`."""
+
+    def __init__(self, *_: Any) -> None:  # pragma: no cover - never built: see _Reader
+        raise RuntimeError("a packed batch is read with torch_spdl._ray.unpack")
+
+
+def _writable(flat: np.ndarray) -> Any:
+    """A writable buffer over ``flat``'s memory that keeps ``flat`` (and so the object
+    store's copy) alive as long as it lives."""
+    buffer = (ctypes.c_char * flat.nbytes).from_address(flat.ctypes.data)
+    buffer._torch_spdl_keep = flat  # type: ignore[attr-defined]
+    return buffer
+
+
+class _Reader(pickle.Unpickler):
+    def __init__(self, data: bytes, arrays: list[np.ndarray]) -> None:
+        super().__init__(io.BytesIO(data))
+        self._arrays = arrays
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "_Slot":
+            return self._rebuild
+        return super().find_class(module, name)
+
+    def _rebuild(self, slot: int, kind: str, dtype: Any, shape: tuple[int, ...]) -> Any:
+        buffer = _writable(self._arrays[slot])
+        if kind == "torch":
+            return torch.frombuffer(buffer, dtype=dtype).view(shape)
+        return np.frombuffer(buffer, dtype=np.dtype(dtype)).reshape(shape)
+
+
+def unpack(data: bytes, arrays: list[np.ndarray]) -> Any:
+    """What :func:`pack` packed, its tensors viewing ``arrays`` (no copy)."""
+    return _Reader(data, arrays).load()

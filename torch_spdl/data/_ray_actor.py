@@ -1,0 +1,271 @@
+"""What runs in a DataLoader worker that is a Ray actor (``worker_type="ray"``).
+
+A :class:`LoaderActor` is one of torch's worker processes, placed by Ray anywhere in the
+cluster: it is worker ``wid`` of ``num_workers``, seeded as torch seeds its workers
+(``random`` and torch with ``base_seed + wid``, NumPy from both), ``get_worker_info()``
+answers in it (torch's and ours), ``worker_init_fn`` runs in it once, and it loads and
+collates whole batches as torch's worker does (``_fetch.fetch_batch``, or an
+``IterableDataset``'s next batch). Ray runs an actor's calls one at a time, in the order
+one caller made them, so its batches are made in torch's order and its random draws are
+those of torch's worker ``wid``.
+
+Two things are added for the loader's side (``_ray_workers``):
+
+- Each reply carries the state of the actor's global RNGs (``random``, NumPy's, torch's)
+  after the batch. When the actor dies, a replacement seeded the same way restores the
+  state after the last batch the loader received and makes the batches that were lost:
+  bit-identical to what the dead actor would have made, for a dataset whose randomness
+  comes from those RNGs (torchvision's transforms, ``random``, ``np.random``), which is
+  torch's contract for reproducible workers anyway.
+- A :class:`~torch_spdl.data.StagedDataset` runs its stages here, per batch: ``io``
+  stages on a thread pool of the actor (``io_threads`` samples at once; an ``async``
+  stage on one event loop), ``cpu`` stages one sample after another on the actor's
+  thread, so their random draws keep torch's order. The actor is the only place such a
+  batch touches: nothing of it runs in the training process.
+
+The dataset, ``collate_fn`` and ``worker_init_fn`` arrive pickled once (cloudpickle, as
+Ray pickles functions: a dataset defined in ``__main__`` works), in one object of the
+object store that every actor reads. A batch goes back packed (``torch_spdl._ray.pack``):
+its tensors as out-of-band arrays the trainer views without a copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from .._procwire import PortableError
+from .._ray import pack
+from ._fetch import Fetched, IterableFetcher, fetch_batch
+from ._worker_info import install_torch_worker_info, set_process_worker_info
+
+__all__ = ["LoaderActor", "Reply", "RngState", "SampleFailure"]
+
+RngState = tuple[Any, Any, Any]  # random's, NumPy's and torch's
+
+
+class SampleFailure(NamedTuple):
+    pos: int  # -1: the whole batch (collate_fn, __getitems__, the iterator)
+    index: Any
+    error: PortableError
+
+
+class Reply(NamedTuple):
+    """What one call made: the batch (or the samples that loaded) packed, the failures,
+    the RNGs after it, a stateful dataset's state, and whether an iterable worker ended."""
+
+    data: bytes
+    arrays: list[np.ndarray]
+    failures: list[SampleFailure] | None
+    rng: RngState
+    state: Any = None
+    exhausted: bool = False
+
+
+def _rng_state() -> RngState:
+    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+
+
+def _set_rng_state(state: RngState) -> None:
+    random.setstate(state[0])
+    np.random.set_state(state[1])
+    torch.set_rng_state(state[2])
+
+
+class LoaderActor:
+    """One DataLoader worker as a Ray actor (see the module notes).
+
+    Args:
+        wid: the worker id.
+        num_workers: how many workers the loader has.
+        base_seed: worker ``wid`` is seeded with ``base_seed + wid``.
+        blob: the cloudpickled ``(dataset, collate_fn, worker_init_fn)``.
+        auto_collation: torch's automatic batching.
+        iterable: an ``IterableDataset``'s ``(batch_size, drop_last)``, or None.
+        io_threads: a staged dataset's ``io`` stages run this many samples at once.
+    """
+
+    def __init__(
+        self,
+        wid: int,
+        num_workers: int,
+        base_seed: int,
+        blob: bytes,
+        auto_collation: bool,
+        iterable: tuple[int | None, bool] | None,
+        io_threads: int,
+    ) -> None:
+        self._wid = wid
+        self._num_workers = num_workers
+        self._base_seed = base_seed
+        self._blob = blob
+        self._auto_collation = auto_collation
+        self._iterable = iterable
+        self._io_threads = io_threads
+        self._fetcher: IterableFetcher | None = None
+        self._steps: list[Any] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, rng: RngState | None) -> PortableError | None:
+        """Become worker ``wid`` (then, for a replacement, restore ``rng``); the error of
+        the dataset's unpickling or of ``worker_init_fn``, if any."""
+        from ray import cloudpickle
+
+        try:
+            self._dataset, self._collate_fn, init_fn = cloudpickle.loads(self._blob)
+            del self._blob
+            install_torch_worker_info()  # this process is the loader's: collate sees no worker
+            set_process_worker_info(self._wid, self._num_workers, self._base_seed, self._dataset)
+            if init_fn is not None:
+                init_fn(self._wid)
+            self._steps = _staged_steps(self._dataset)
+        except Exception as exc:
+            return PortableError.of(exc)
+        if rng is not None:
+            _set_rng_state(rng)
+        return None
+
+    def ready(self) -> int:
+        return self._wid
+
+    def load(self, indices: list[Any]) -> Reply:
+        """Load and collate the batch of ``indices`` (one index without auto-collation)."""
+        dataset = self._dataset
+        if self._steps is None:
+            fetched = fetch_batch(
+                dataset, indices, indices, None, self._collate_fn, self._auto_collation
+            )
+        else:
+            values = self._run_io(indices)
+            fetched = fetch_batch(
+                dataset, values, indices, self._cpu_steps, self._collate_fn, self._auto_collation
+            )
+        return self._reply(fetched, indices)
+
+    def next_batch(self, epoch: int, state: Any) -> Reply:
+        """An ``IterableDataset``'s next batch of ``epoch`` (a new epoch starts a new
+        iterator; ``state``: a stateful dataset's, restored first)."""
+        if self._fetcher is None:
+            assert self._iterable is not None, "an iterable task for a map-style worker"
+            per_batch, drop_last = self._iterable
+            self._fetcher = IterableFetcher(
+                self._dataset, per_batch, drop_last, self._collate_fn, self._auto_collation
+            )
+        fetched = self._fetcher.next(epoch, state)
+        if fetched is None:
+            return Reply(b"", [], None, _rng_state(), exhausted=True)
+        return self._reply(fetched, None)
+
+    def _reply(self, fetched: Fetched, indices: Any) -> Reply:
+        try:
+            return _packed(fetched)
+        except Exception as exc:
+            what = "a batch" if indices is None else f"the batch of samples {indices!r}"
+            exc.add_note(
+                f"torch_spdl.DataLoader: {what} could not be sent back from its Ray actor: "
+                "what collate_fn returns must pickle"
+            )
+            return _packed(Fetched(samples=[], errors=[(-1, indices, exc)]))
+
+    # -- a staged dataset -------------------------------------------------------------------
+    @property
+    def _cpu_steps(self) -> list[Any]:
+        assert self._steps is not None
+        return [fn for kind, fn in self._steps if kind == "cpu"]
+
+    def _run_io(self, indices: list[Any]) -> list[Any]:
+        """The leading ``io`` stages of a staged dataset on every sample of the batch at
+        once; a failure stays the sample's (the cpu stages then see the exception and
+        report it as the stage's)."""
+        assert self._steps is not None
+        io_fns = [fn for kind, fn in self._steps if kind == "io"]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="torch_spdl-io")
+
+        def one(index: Any) -> Any:
+            value = index
+            for fn in io_fns:
+                value = fn(value)
+                if inspect.isawaitable(value):
+                    value = asyncio.run(_await(value))
+            return value
+
+        return list(self._pool.map(_Guard(one), indices))
+
+
+class _Guard:
+    """Runs ``fn``; an exception becomes a value the first cpu step re-raises."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def __call__(self, value: Any) -> Any:
+        try:
+            return self.fn(value)
+        except Exception as exc:
+            return _Failed(exc)
+
+
+class _Failed:
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+async def _await(value: Any) -> Any:
+    return await value
+
+
+def _staged_steps(dataset: Any) -> list[tuple[str, Any]] | None:
+    """A staged dataset's stages as ``(kind, fn)``, its ``io`` stages first, or None (a
+    plain dataset; or one whose ``io`` stages do not all come first: run as
+    ``__getitem__``)."""
+    from ._staged_dataset import StagedDataset
+
+    if not isinstance(dataset, StagedDataset):
+        return None
+    stages = list(dataset.stages())
+    kinds = [s.kind for s in stages]
+    if "io" not in kinds or kinds != sorted(kinds, key=lambda k: k != "io"):
+        return None
+    steps: list[tuple[str, Any]] = []
+    for s in stages:
+        fn = s.fn
+        if s.kind == "cpu":
+            fn = _cpu_step(fn, str(s.name or getattr(fn, "__name__", "stage")))
+        steps.append((s.kind, fn))
+    if not any(kind == "cpu" for kind, _ in steps):
+        steps.append(("cpu", _cpu_step(_identity, "load")))
+    return steps
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _cpu_step(fn: Any, name: str) -> Any:
+    def step(value: Any) -> Any:
+        if isinstance(value, _Failed):
+            raise value.exc
+        out = fn(value)
+        if inspect.isawaitable(out):
+            out = asyncio.run(_await(out))
+        return out
+
+    step.__name__ = name
+    return step
+
+
+def _packed(fetched: Fetched) -> Reply:
+    rng = _rng_state()
+    if fetched.errors is None:
+        data, arrays = pack(fetched.batch)
+        return Reply(data, arrays, None, rng, fetched.state)
+    failures = [SampleFailure(pos, index, PortableError.of(e)) for pos, index, e in fetched.errors]
+    data, arrays = pack(fetched.samples)
+    return Reply(data, arrays, failures, rng)
