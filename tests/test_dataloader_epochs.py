@@ -45,6 +45,31 @@ def test_each_iter_is_a_new_epoch_like_torch(num_workers: int) -> None:
     assert epochs[0] != epochs[1] != epochs[2]
 
 
+class _WorkerDraws(Dataset):
+    """Each sample drawn from its worker's torch RNG, which persistent workers keep."""
+
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int) -> tuple[int, float]:
+        return i, float(torch.rand(()))
+
+
+@pytest.mark.parametrize("batch_size", [3, 4])
+def test_persistent_workers_draw_the_base_seed_once_like_torch(batch_size: int) -> None:
+    # torch draws its workers' base seed from the loader's generator when it starts them,
+    # and not in later epochs (it resets its iterator): the later epochs' shuffles then
+    # differ from a loader whose workers are started anew. 7 batches over 3 workers.
+    def epochs(cls: Any) -> list[Any]:
+        loader = cls(
+            _WorkerDraws(), batch_size=batch_size, shuffle=True, generator=gen(5),
+            num_workers=3, persistent_workers=True,
+        )
+        return [[b[0].tolist(), b[1].tolist()] for _ in range(3) for b in loader]
+
+    assert epochs(DataLoader) == epochs(TorchDataLoader)
+
+
 def test_distributed_sampler_set_epoch_changes_order_like_torch() -> None:
     ds = MapData(N, "int")
     ours_sampler = DistributedSampler(ds, num_replicas=2, rank=1, shuffle=True, seed=4)

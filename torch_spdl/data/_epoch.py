@@ -101,7 +101,13 @@ class EpochIterator:
             indices = iter(plan.index_sampler)
         # torch draws the workers' base seed from the same generator right after making the
         # sampler iterator; doing the same keeps the sampler's draws identical to torch's.
-        base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
+        # Persistent workers are seeded once: torch draws it for the epoch that starts them
+        # and not again (its iterator is reset, not made anew), so neither do we.
+        base_seed = resources.worker_seed if plan.persistent_workers else None
+        if base_seed is None:
+            base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
+            if plan.persistent_workers and plan.num_workers > 0:
+                resources.worker_seed = base_seed
         self._skips = SkipBudget(plan.max_failures)
         # before the source: it stops where the plan changes
         self._gate = SwitchGate() if plan.loading == "probe" else None

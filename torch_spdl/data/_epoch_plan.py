@@ -123,6 +123,8 @@ class LoaderResources:
         self._group: WorkerGroup | None = None  # their worker ids
         self._process_workers: BatchWorkers | None = None  # persistent worker processes
         self._finalizers: list[weakref.finalize[Any, Any]] = []
+        #: The persistent workers' base seed, drawn once (by the epoch that starts them).
+        self.worker_seed: int | None = None
         #: ``worker_type="ray"``: the pickled dataset in the object store, by its digest.
         self.ray_objects: dict[str, Any] = {}
         self._collate: RecyclingCollate | None = None
@@ -197,4 +199,5 @@ class LoaderResources:
         self._finalizers = []
         self._executor = None
         self._process_workers = None
+        self.worker_seed = None
         self.ray_objects.clear()
