@@ -8,6 +8,10 @@ bounded: a dataset that kills every actor it runs in would otherwise be retried 
 so past ``max_replacements`` in all the owner gets :class:`ReplacementsExhausted`, naming
 the slot and the last cause.
 
+Each actor is named ``{prefix}{token}-w{slot}-g{generation}`` (``token`` tells one set from
+another), so ``ray.util.list_named_actors(all_namespaces=True)`` shows which of them live,
+on any cluster, without the dashboard that Ray's state API needs.
+
 Actors are made with ``max_restarts=0``: Ray's own restart would rerun the constructor
 behind the owner's back, and the owner, not Ray, knows which tasks to run again. Every
 actor made here is killed by :meth:`ActorSet.shutdown` (``ray.kill``, which does not wait
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +48,7 @@ class ActorSet:
             ...), as ``actor_class.options(**options)`` takes them.
         who: names the owner in errors (``"torch_spdl.DataLoader(worker_type='ray')"``).
         max_replacements: actors that may be replaced in all, over the set's life.
+        prefix: the start of every actor's name (see the module notes).
     """
 
     def __init__(
@@ -54,23 +60,27 @@ class ActorSet:
         options: dict[str, Any],
         who: str,
         max_replacements: int,
+        prefix: str = "torch_spdl-",
     ) -> None:
         self._ray = ray
         self._class = actor_class
         self._args = args
+        options = {k: v for k, v in options.items() if k != "name"}  # names are ours
         self.options = {"num_cpus": 1, **options, "max_restarts": 0}
         self.who = who
         self._budget = max_replacements
         self.replaced = 0
         self._lock = threading.Lock()
         self._closed = False
-        check_feasible(ray, self.options, who)
-        self._actors: list[Any] = [self._make(i) for i in range(count)]
+        self.name = f"{prefix}{uuid.uuid4().hex[:8]}"
         #: Bumped for slot ``i`` each time its actor is replaced.
         self.generation = [0] * count
+        check_feasible(ray, self.options, who)
+        self._actors: list[Any] = [self._make(i) for i in range(count)]
 
     def _make(self, slot: int) -> Any:
-        return self._class.options(**self.options).remote(*self._args(slot))
+        name = f"{self.name}-w{slot}-g{self.generation[slot]}"
+        return self._class.options(**self.options, name=name).remote(*self._args(slot))
 
     def __len__(self) -> int:
         return len(self._actors)
@@ -116,8 +126,8 @@ class ActorSet:
                 ) from cause
             self.replaced += 1
             old = self._actors[slot]
-            self._actors[slot] = self._make(slot)
             self.generation[slot] += 1
+            self._actors[slot] = self._make(slot)
         self._kill(old)
         return True
 

@@ -156,6 +156,7 @@ class RayWorkers:
             options,
             WHO,
             budget,
+            prefix="torch_spdl-loader-",
         )
 
     # -- starting --------------------------------------------------------------------------
