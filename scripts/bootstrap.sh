@@ -18,11 +18,13 @@ fi
 # built on), or every new interpreter would compile torch's modules afresh: `import torch`
 # took 592-674 s from source against 236-276 s with bytecode on one slow day here (about 3 s
 # with bytecode on a quiet one).
-.venv/bin/python -m pip install -q --no-compile -e ".[dev]"
+# ray: the optional extra for worker_type="ray" (its tests run in the suite, in a network
+# namespace of their own: docs/distributed.md)
+.venv/bin/python -m pip install -q --no-compile -e ".[dev,ray]"
 env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "
 import torch, torchvision, av, lightning, matplotlib.pyplot
 import torch_spdl, torch_spdl.data, torch_spdl.io, torch_spdl.lightning
-import torch_spdl.migration, torch_spdl.streaming
+import torch_spdl.migration, torch_spdl.streaming, torch_spdl.ray_local, ray
 print('torch', torch.__version__, '| torchvision', torchvision.__version__, '| av', av.__version__, '| lightning', lightning.__version__)"
 if [ "${TORCH_SPDL_SKIP_DEMO:-0}" != "1" ]; then
   .venv/bin/python benchmarks/run.py --quick --out out/report
