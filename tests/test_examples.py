@@ -22,6 +22,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
         ("subprocess_pipeline.py", ["--quick"], "computed in the subprocess: OK"),
         ("migration_before_after.py", ["--quick"], "same batches: OK"),
         ("streaming_s3.py", ["--quick"], "resumed epoch identical: OK"),
+        ("ray_workers.py", ["--quick"], "same batches as torch's loader: OK"),
     ],
 )
 def test_example_runs(script: str, args: list[str], expect: str) -> None:

@@ -27,10 +27,15 @@ from torch.utils.data import Dataset, DistributedSampler, IterableDataset, get_w
 
 ray = pytest.importorskip("ray")
 
-import torch_spdl  # noqa: E402
-from torch_spdl.ray_local import LocalCluster, isolate_network  # noqa: E402
-
 from _sync import CHILD_START_S  # noqa: E402
+
+import torch_spdl  # noqa: E402
+from torch_spdl.ray_local import (  # noqa: E402
+    LocalCluster,
+    actors_alive,
+    isolate_network,
+    wait_actors_gone,
+)
 
 # The datasets below are defined in this module, which Ray's workers cannot import: they
 # travel by value, as a script's own classes (defined in __main__) do.
@@ -52,21 +57,12 @@ def cluster() -> Iterator[LocalCluster]:
 
 def our_actors() -> list[str]:
     """The names of our loader actors alive in the cluster."""
-    named = ray.util.list_named_actors(all_namespaces=True)
-    return sorted(a["name"] for a in named if a["name"].startswith(PREFIX))
+    return actors_alive(PREFIX)
 
 
 def no_actor_left() -> bool:
-    """Whether every actor of ours is gone, waited for as Ray's kill lands (bounded)."""
-    deadline = 60.0
-    import time
-
-    end = time.monotonic() + deadline
-    while our_actors():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.05)  # polling Ray's view; nothing of ours to wait on
-    return True
+    """Whether every actor of ours is gone (Ray's kill lands asynchronously: waited for)."""
+    return wait_actors_gone(PREFIX) == []
 
 
 # -- datasets ------------------------------------------------------------------------------

@@ -29,10 +29,11 @@ import os
 import socket
 import struct
 import threading
+import time
 from types import TracebackType
 from typing import Any
 
-__all__ = ["LocalCluster", "is_isolated", "isolate_network"]
+__all__ = ["LocalCluster", "actors_alive", "is_isolated", "isolate_network", "wait_actors_gone"]
 
 _CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS = 0x8913
@@ -41,11 +42,15 @@ _IFF_UP = 0x1
 
 
 def is_isolated() -> bool:
-    """Whether this process sees no network interface but loopback."""
+    """Whether this process sees no network interface but loopback (read from
+    ``/proc/self/net/dev``, which shows the caller's namespace; ``/sys/class/net`` shows
+    the namespace that mounted ``/sys``)."""
     try:
-        return os.listdir("/sys/class/net") == ["lo"]
+        with open("/proc/self/net/dev") as dev:
+            lines = dev.read().splitlines()[2:]
     except OSError:
         return False
+    return [line.split(":", 1)[0].strip() for line in lines] == ["lo"]
 
 
 def isolate_network() -> None:
@@ -67,6 +72,24 @@ def isolate_network() -> None:
         request = struct.pack("16sH", b"lo", 0)
         flags = struct.unpack("16sH", fcntl.ioctl(sock, _SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(sock, _SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | _IFF_UP))
+
+
+def actors_alive(prefix: str = "torch_spdl-") -> list[str]:
+    """The names of the live actors whose name starts with ``prefix`` (torch_spdl names
+    its actors ``torch_spdl-loader-...`` and ``torch_spdl-region-...``), in any namespace."""
+    import ray
+
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return sorted(a["name"] for a in named if a["name"].startswith(prefix))
+
+
+def wait_actors_gone(prefix: str = "torch_spdl-", timeout: float = 60.0) -> list[str]:
+    """Wait until no actor named ``prefix...`` is alive (``ray.kill`` lands asynchronously),
+    at most ``timeout`` seconds; the names still alive then (empty: all gone)."""
+    end = time.monotonic() + timeout
+    while (alive := actors_alive(prefix)) and time.monotonic() < end:
+        time.sleep(0.05)  # asking the cluster again: there is nothing local to wait on
+    return alive
 
 
 class LocalCluster:
