@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         DisaggregateConfig,
         PipelineSpec,
     )
+    from ._declare.placement import RayActors
     from ._plugins.background import BackgroundTask, BackgroundTaskFactory
     from ._plugins.hooks import StageInfo, TaskHook, TaskPerfStats, TaskStatsHook
     from ._plugins.priority import (
@@ -79,6 +80,7 @@ _WHERE = {
     "BuildOptions": "._declare.config",
     "DisaggregateConfig": "._declare.config",
     "PipelineSpec": "._declare.config",
+    "RayActors": "._declare.placement",
     "BackgroundTask": "._plugins.background",
     "BackgroundTaskFactory": "._plugins.background",
     "StageInfo": "._plugins.hooks",
@@ -130,6 +132,7 @@ __all__ = [
     "ProfileReport",
     "ProfileResult",
     "QueuePerfStats",
+    "RayActors",
     "StageProfile",
     "StageInfo",
     "StageStats",

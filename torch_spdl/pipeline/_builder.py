@@ -236,8 +236,14 @@ class PipelineBuilder(Generic[T, U]):
         cross the process boundary, in chunks. ``to(defs.MAIN_PROCESS)`` closes it (a
         region left open runs to the end). Stages in a region take no executor.
 
+        ``to(RayActors(num_actors=n, **actor_options))`` runs the region in ``n`` Ray
+        actors instead, placed by Ray's actor options anywhere in a cluster: chunks of
+        items go to them as actor calls and their outputs come back in the order sent;
+        a dead actor is replaced and its chunks run again; every actor is killed as the
+        pipeline stops. Its ops must pickle (cloudpickle); it takes no ``aggregate``.
+
         Args:
-            target: a ``ProcessPoolExecutorConfig`` or ``MAIN_PROCESS``.
+            target: a ``ProcessPoolExecutorConfig``, ``RayActors`` or ``MAIN_PROCESS``.
         """
         self._stages.append(PlacementConfig(target))
         return self

@@ -1,12 +1,13 @@
 """Where stages run, as declared: ``to(target)`` markers and the regions they make.
 
 ``PipelineBuilder.to(ProcessPoolExecutorConfig(...))`` ... ``to(MAIN_PROCESS)`` marks a run
-of stages that runs in worker processes. This module holds only the declaration side: the
-targets (SPDL's executor configs and ``MAIN_PROCESS``), the ``to()`` marker
+of stages that runs in worker processes; ``to(RayActors(...))`` one that runs in Ray
+actors, anywhere in a cluster. This module holds only the declaration side: the targets
+(SPDL's executor configs, :class:`RayActors` and ``MAIN_PROCESS``), the ``to()`` marker
 (:class:`PlacementConfig`) and :func:`fuse_regions`, which turns each marked run into one
 :class:`RegionConfig` at build time. How a region runs is ``_stage_kinds/region.py``'s
-job; keeping the two apart lets the declaration be imported (and pickled) without the
-engine.
+job (``_stage_kinds/ray_region.py``'s for Ray); keeping the two apart lets the
+declaration be imported (and pickled) without the engine, and without Ray.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "InterpreterPoolExecutorConfig",
     "PlacementConfig",
     "ProcessPoolExecutorConfig",
+    "RayActors",
     "RegionConfig",
     "fuse_regions",
 ]
@@ -87,6 +89,82 @@ class InterpreterPoolExecutorConfig(ExecutorConfig):
         )
 
 
+class RayActors:
+    """Run a region of stages in Ray actors: ``to(RayActors(num_actors=n, ...))``.
+
+    Each actor runs the region's stages as a pipeline of its own on chunks of the
+    region's input; the outputs come back in the order the chunks were sent. An actor
+    that dies is replaced and its chunks run again; every actor is killed as the pipeline
+    stops. Needs Ray (``pip install 'torch_spdl[ray]'``).
+
+    Args:
+        num_actors: how many actors.
+        address: the cluster to connect to when this process is not connected yet
+            (default: Ray's own: ``RAY_ADDRESS``, else a new local instance).
+        max_replacements: actors that may be replaced in all before the pipeline fails
+            (default: ``2 * num_actors``).
+        actor_options: Ray's actor options for every actor (``num_cpus``, default 1;
+            ``num_gpus``, ``memory``, ``resources``, ``scheduling_strategy``, ...).
+    """
+
+    __slots__ = ("actor_options", "address", "max_replacements", "num_actors")
+    num_actors: int
+    address: str | None
+    max_replacements: int | None
+    actor_options: dict[str, Any]
+
+    def __init__(
+        self,
+        num_actors: int = 1,
+        *,
+        address: str | None = None,
+        max_replacements: int | None = None,
+        **actor_options: Any,
+    ) -> None:
+        _check_count("num_actors", num_actors, 1)
+        if max_replacements is not None:
+            _check_count("max_replacements", max_replacements, 0)
+        if "max_restarts" in actor_options:
+            raise ValueError("RayActors replaces dead actors itself: it takes no max_restarts")
+        object.__setattr__(self, "num_actors", num_actors)
+        object.__setattr__(self, "address", address)
+        object.__setattr__(self, "max_replacements", max_replacements)
+        object.__setattr__(self, "actor_options", dict(actor_options))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"RayActors is frozen: cannot set {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RayActors) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # actor_options is a dict
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_ray_actors, self._fields())
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.num_actors, self.address, self.max_replacements, self.actor_options)
+
+    def replacements(self) -> int:
+        """The budget of replacements: ``max_replacements``, or ``2 * num_actors``."""
+        return 2 * self.num_actors if self.max_replacements is None else self.max_replacements
+
+    def __repr__(self) -> str:
+        options = "".join(f", {k}={v!r}" for k, v in self.actor_options.items())
+        return f"RayActors(num_actors={self.num_actors}{options})"
+
+
+def _check_count(name: str, value: object, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+
+
+def _ray_actors(
+    num_actors: int, address: str | None, max_replacements: int | None, options: dict[str, Any]
+) -> RayActors:
+    return RayActors(num_actors, address=address, max_replacements=max_replacements, **options)
+
+
 class _MainProcess:
     """The ``to()`` target that ends a region (use :data:`MAIN_PROCESS`)."""
 
@@ -111,13 +189,14 @@ MAIN_PROCESS = _MainProcess()
 class PlacementConfig:
     """A ``to(target)`` marker among the stages: the stages after it run on ``target``."""
 
-    target: ProcessPoolExecutorConfig | _MainProcess
+    target: ProcessPoolExecutorConfig | RayActors | _MainProcess
     name: str = "placement"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.target, (ProcessPoolExecutorConfig, _MainProcess)):
+        if not isinstance(self.target, (ProcessPoolExecutorConfig, RayActors, _MainProcess)):
             raise TypeError(
-                f"to() takes a ProcessPoolExecutorConfig or MAIN_PROCESS, got {self.target!r}"
+                "to() takes a ProcessPoolExecutorConfig or MAIN_PROCESS (or RayActors), "
+                f"got {self.target!r}"
             )
 
     def label(self) -> str:
@@ -129,10 +208,12 @@ class RegionConfig:
     """The stages of one region, fused at build time into one :class:`RegionStage`."""
 
     stages: tuple[Any, ...]
-    executor: ProcessPoolExecutorConfig
+    executor: ProcessPoolExecutorConfig | RayActors
 
     def label(self) -> str:
         inner = ", ".join(s.label() for s in self.stages)
+        if isinstance(self.executor, RayActors):
+            return f"ray_actors[{self.executor.num_actors}]({inner})"
         return f"processes[{self.executor.workers()}]({inner})"
 
 
@@ -141,7 +222,7 @@ def fuse_regions(stages: Sequence[Any]) -> list[Any]:
     (a region left open runs to the end); drop the markers."""
     out: list[Any] = []
     region: list[Any] | None = None
-    target: ProcessPoolExecutorConfig | None = None
+    target: ProcessPoolExecutorConfig | RayActors | None = None
 
     def close() -> None:
         if region is not None:
@@ -164,7 +245,7 @@ def fuse_regions(stages: Sequence[Any]) -> list[Any]:
         if getattr(stage, "executor", None) is not None:
             raise ValueError(
                 f"stage {stage.label()!r} is in a to() region, which runs in worker "
-                "processes: it takes no executor"
+                "processes or Ray actors: it takes no executor"
             )
         region.append(stage)
     close()

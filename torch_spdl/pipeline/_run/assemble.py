@@ -32,7 +32,7 @@ from .._declare.config import (
 )
 from .._declare.failures import FailureLimit, MaxFailures
 from .._declare.ops import classify_op
-from .._declare.placement import PlacementConfig, RegionConfig, fuse_regions
+from .._declare.placement import PlacementConfig, RayActors, RegionConfig, fuse_regions
 from .._plugins.background import BackgroundTaskFactory
 from .._plugins.hooks import StageInfo, TaskHook, check_hooks
 from .._plugins.queues import AsyncQueue, ObservedChannel, make_queue, queue_hooks_task
@@ -41,6 +41,7 @@ from .._stage_kinds.async_stage import AsyncStage
 from .._stage_kinds.nested import MergedSource, PathVariantsStage
 from .._stage_kinds.node import Node
 from .._stage_kinds.op_stage import OpStage
+from .._stage_kinds.ray_region import RayRegionStage
 from .._stage_kinds.region import RegionStage
 from .._stage_kinds.source import SourceNode
 from .._stage_kinds.source import on_loop as source_on_loop
@@ -272,10 +273,13 @@ class _Assembly:
         hooks = self.hooks(i, name)  # asked of the factory for every stage, as in SPDL
         node: Node
         if isinstance(spec, RegionConfig):
-            options = self.options.for_region()
-            stages = list(spec.stages)
-            return RegionStage(name, stages, spec.executor, options, inbox, outbox, _build_region)
-        if isinstance(spec, PathVariantsConfig):
+            options, stages, target = self.options.for_region(), list(spec.stages), spec.executor
+            if not isinstance(target, RayActors):
+                return RegionStage(name, stages, target, options, inbox, outbox, _build_region)
+            node = RayRegionStage(
+                name, stages, target, options, inbox, outbox, _build_region, budget
+            )  # its actors' failed items count against the build's budget
+        elif isinstance(spec, PathVariantsConfig):
             makers = [functools.partial(_path_variant, self.inner, path) for path in spec.paths]
             node = PathVariantsStage(name, spec.router, makers, inbox, outbox, budget=budget)
         elif isinstance(spec, AggregateConfig):
