@@ -5,7 +5,8 @@ The autouse fixture below checks, after every test, that each new one is gone:
 
 - every new Python thread, whatever its name (a thread between its last statement and its
   exit gets a short grace to finish);
-- every new child process of this one (psutil), the same grace given;
+- every new child process of this one (psutil), the same grace given (a Ray node's daemons
+  aside: the Ray tests count their actors by name);
 - every new open file descriptor of this process on shared memory (``/dev/shm`` files and
   ``memfd`` arenas), and every new ``/dev/shm`` entry that names this process or ours.
 
@@ -79,6 +80,28 @@ def _is_multiprocessing_helper(process: psutil.Process) -> bool:
     return "multiprocessing.resource_tracker" in command or "multiprocessing.forkserver" in command
 
 
+# What a Ray node runs besides the actors (tests/test_ray_*.py start a cluster for a module
+# and add a node in a test): its daemons, not anything a loader or a pipeline owns. The
+# actors' own processes ("ray::LoaderActor...", "ray::RegionActor...") still count.
+_RAY_NODE_PROCESSES = (
+    "/ray/core/src/ray/raylet/raylet",
+    "/ray/core/src/ray/gcs/gcs_server",
+    "ray::DashboardAgent",
+    "ray::RuntimeEnvAgent",
+    "ray::IDLE",
+    "ray/_private/log_monitor.py",
+    "ray/dashboard/",
+)
+
+
+def _is_ray_node_process(process: psutil.Process) -> bool:
+    try:
+        command = " ".join(process.cmdline())
+    except psutil.Error:
+        return False
+    return any(part in command for part in _RAY_NODE_PROCESSES)
+
+
 def _describe(process: psutil.Process) -> str:
     try:
         return f"{process.pid} ({' '.join(process.cmdline())[:120]})"
@@ -118,7 +141,10 @@ def no_leaks() -> Iterator[None]:
     new = [
         p
         for pid, p in _children().items()
-        if pid not in children and _alive(p) and not _is_multiprocessing_helper(p)
+        if pid not in children
+        and _alive(p)
+        and not _is_multiprocessing_helper(p)
+        and not _is_ray_node_process(p)
     ]
     if new:
         psutil.wait_procs(new, timeout=GRACE_S)

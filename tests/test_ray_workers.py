@@ -257,8 +257,7 @@ def test_a_lost_node_loses_no_batch(cluster: LocalCluster):
         del it
         assert no_actor_left()
     finally:
-        if spare in cluster.nodes and len(cluster.nodes) > 2:
-            pass  # the spare stays: the module's later tests have two worker nodes
+        assert spare in cluster.nodes  # it stays: the later tests have two worker nodes
 
 
 def test_the_replacement_budget_is_bounded(cluster: LocalCluster):
@@ -367,6 +366,34 @@ def test_break_and_del_stop_the_actors(cluster: LocalCluster):
     assert no_actor_left()
 
 
+class Interrupting(Indexed):
+    """Sample 3 sends Ctrl-C to the training process, then never returns (a stuck worker)."""
+
+    def __init__(self, trainer: int) -> None:
+        super().__init__()
+        self.trainer = trainer
+
+    def __getitem__(self, i: int) -> int:
+        if i == 3:
+            import signal
+            import time
+
+            os.kill(self.trainer, signal.SIGINT)
+            time.sleep(3600)  # stuck: stopping must not wait for it
+        return i
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_the_actors_without_waiting_for_a_stuck_one(cluster: LocalCluster):
+    loader = torch_spdl.DataLoader(
+        Interrupting(os.getpid()), batch_size=2, num_workers=2, worker_type="ray",
+        ray_options=REMOTE,
+    )
+    with pytest.raises(KeyboardInterrupt):
+        list(loader)
+    assert no_actor_left()
+
+
 # -- distributed training --------------------------------------------------------------------
 def test_each_rank_reads_its_share_once(cluster: LocalCluster):
     dataset = Indexed(30)
@@ -387,8 +414,8 @@ def test_a_lightning_datamodule_takes_ray_workers(cluster: LocalCluster):
     from torch_spdl.lightning import StagedDataModule
 
     module = StagedDataModule(
-        train=Indexed(16), batch_size=4, num_workers=2, worker_type="ray", ray_options=REMOTE,
-        shuffle=False,
+        train=Indexed(16), batch_size=4, cpu_concurrency=2, worker_type="ray",
+        ray_options=REMOTE, shuffle=False,
     )
     module.setup("fit")
     batches = [b.tolist() for b in module.train_dataloader()]
