@@ -36,7 +36,10 @@ def test_process_workers_match_torch() -> None:
 
 def test_persistent_process_workers_match_torch_over_epochs() -> None:
     ds = ProcessData(12, with_pid=True)
-    ref = TorchDataLoader(ds, batch_size=4, shuffle=True, generator=gen(2))
+    # torch's own persistent workers: their base seed is drawn once, for the first epoch
+    ref = TorchDataLoader(
+        ds, batch_size=4, shuffle=True, generator=gen(2), num_workers=2, persistent_workers=True
+    )
     ours = DataLoader(
         ds,
         batch_size=4,
