@@ -390,6 +390,9 @@ def write_report(
     streaming = out / "streaming.md"  # written by benchmarks/streaming.py (its own server)
     if streaming.exists():
         md += ["## Streaming from object storage", "", streaming.read_text(), ""]
+    ray = out / "ray_offload.md"  # written by benchmarks/ray_offload.py (its own cluster)
+    if ray.exists():
+        md += ["## Past one machine: the decoding on a Ray worker node", "", ray.read_text(), ""]
     md += ["## Plots", ""]
     for name, title in made:
         md += [f"### {title}", "", f"![{title}]({name})", ""]
