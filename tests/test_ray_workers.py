@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
@@ -271,6 +271,58 @@ def test_the_replacement_budget_is_bounded(cluster: LocalCluster):
     with pytest.raises(RuntimeError, match="budget of 0 replacements"):
         list(it)
     del it
+    assert no_actor_left()
+
+
+class Pair(NamedTuple):
+    """A batch type of the script's own (it reaches the actors by value)."""
+
+    x: Any
+    i: Any
+
+
+class PairData(Indexed):
+    def __getitem__(self, i: int) -> Pair:
+        return Pair(torch.full((2,), float(i)), i)
+
+
+def test_a_batch_of_a_class_defined_in_the_script_comes_back(cluster: LocalCluster):
+    loader = torch_spdl.DataLoader(
+        PairData(8), batch_size=4, num_workers=2, worker_type="ray", ray_options=REMOTE
+    )
+    batches = list(loader)
+    assert [type(b).__name__ for b in batches] == ["Pair", "Pair"]
+    assert [b.i.tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert no_actor_left()
+
+
+def test_a_persistent_iterable_worker_killed_in_its_second_epoch_is_torchs(
+    cluster: LocalCluster,
+):
+    def make(cls: Any, **extra: Any) -> Any:
+        return cls(Sharded(24), batch_size=2, num_workers=2, persistent_workers=True,
+                   generator=torch.Generator().manual_seed(8), **extra)
+
+    ref = two_epochs(make(TorchDataLoader))
+    loader = make(torch_spdl.DataLoader, worker_type="ray", ray_options=REMOTE)
+    got = flatten(list(loader))
+    it = iter(loader)
+    second = [next(it) for _ in range(3)]
+    kill_one_actor(0)
+    got += flatten(second + list(it))
+    assert got == ref
+    del it, loader
+    assert no_actor_left()
+
+
+@pytest.mark.parametrize("option", ["max_concurrency", "lifetime", "namespace"])
+def test_options_that_would_break_the_contract_are_refused(cluster: LocalCluster, option: str):
+    value = {"max_concurrency": 4, "lifetime": "detached", "namespace": "x"}[option]
+    loader = torch_spdl.DataLoader(
+        Indexed(), num_workers=2, worker_type="ray", ray_options={**REMOTE, option: value}
+    )
+    with pytest.raises(ValueError, match=option):
+        iter(loader)
     assert no_actor_left()
 
 

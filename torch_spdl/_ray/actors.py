@@ -30,6 +30,13 @@ from .cluster import check_feasible, describe_request
 
 __all__ = ["ActorSet", "ReplacementsExhausted"]
 
+# Actor options that would break what the owner relies on (calls one at a time in order,
+# its own names and replacements, no actor outliving it).
+_REFUSED = frozenset(
+    {"max_concurrency", "concurrency_groups", "lifetime", "get_if_exists", "namespace",
+     "max_restarts", "max_task_retries"}
+)
+
 
 class ReplacementsExhausted(RuntimeError):
     """More actors died than the owner's budget of replacements allows."""
@@ -49,6 +56,8 @@ class ActorSet:
         who: names the owner in errors (``"torch_spdl.DataLoader(worker_type='ray')"``).
         max_replacements: actors that may be replaced in all, over the set's life.
         prefix: the start of every actor's name (see the module notes).
+        check: refuse at once a request no live node can hold (False: an autoscaler may
+            add such a node; the owner's start timeout still bounds the wait).
     """
 
     def __init__(
@@ -61,10 +70,18 @@ class ActorSet:
         who: str,
         max_replacements: int,
         prefix: str = "torch_spdl-",
+        check: bool = True,
     ) -> None:
         self._ray = ray
         self._class = actor_class
         self._args = args
+        refused = sorted(set(options) & _REFUSED)
+        if refused:
+            raise ValueError(
+                f"{who}: ray_options may not set {', '.join(refused)}: an actor runs its "
+                "calls one at a time, in order, is named and replaced by torch_spdl, and "
+                "lives no longer than its owner"
+            )
         options = {k: v for k, v in options.items() if k != "name"}  # names are ours
         self.options = {"num_cpus": 1, **options, "max_restarts": 0}
         self.who = who
@@ -75,7 +92,8 @@ class ActorSet:
         self.name = f"{prefix}{uuid.uuid4().hex[:8]}"
         #: Bumped for slot ``i`` each time its actor is replaced.
         self.generation = [0] * count
-        check_feasible(ray, self.options, who)
+        if check:
+            check_feasible(ray, self.options, who)
         self._actors: list[Any] = [self._make(i) for i in range(count)]
 
     def _make(self, slot: int) -> Any:

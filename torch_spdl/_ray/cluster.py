@@ -13,12 +13,15 @@ Three failures that Ray itself turns into a wait are turned into errors here, at
 
 The loader connects only when the process is not connected already (``ray.init()`` as
 its own default: the ``RAY_ADDRESS`` cluster, or a new local one); a script that calls
-``ray.init`` itself keeps its settings.
+``ray.init`` itself keeps its settings. ``ray.init`` replaces the process's SIGTERM
+handler; the one the script had is put back.
 """
 
 from __future__ import annotations
 
+import signal
 import socket
+import threading
 from types import ModuleType
 from typing import Any
 
@@ -53,10 +56,17 @@ def connect(who: str, address: str | None = None) -> ModuleType:
         address = os.environ.get("RAY_ADDRESS") or None
     if address not in (None, "auto", "local") and not address.startswith("ray://"):
         _probe(who, address)
+    # ray.init installs a SIGTERM handler of its own (exit at once): a script's handler
+    # (a checkpoint on preemption) is the script's, and stays.
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
     try:
         ray.init(address=address)
     except ConnectionError as exc:
         raise ConnectionError(f"{who}: cannot reach the Ray cluster at {address!r}: {exc}") from exc
+    finally:
+        if main and before is not None and signal.getsignal(signal.SIGTERM) is not before:
+            signal.signal(signal.SIGTERM, before)
     return ray
 
 

@@ -17,6 +17,7 @@ as the loader's shared-memory batches are (``torch_spdl.data._shared_batch``): a
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import io
 import pickle
@@ -28,27 +29,43 @@ import torch
 __all__ = ["pack", "unpack"]
 
 
-class _Packer(pickle.Pickler):
+def _pickler() -> type[pickle.Pickler]:
+    """cloudpickle's pickler: a batch may hold instances of classes defined in the
+    training script, which reach an actor rebuilt by value (as its dataset did) and which
+    plain pickle would look up by name in the actor's ``__main__``."""
+    from ray import cloudpickle
+
+    return cloudpickle.Pickler
+
+
+class _Packer:
     def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._pickler = _pickler()(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.arrays: list[np.ndarray] = []
-        self.dispatch_table = {torch.Tensor: self._tensor, np.ndarray: self._array}
+        ours: dict[type, Any] = {torch.Tensor: self._tensor, np.ndarray: self._array}
+        self._pickler.dispatch_table = collections.ChainMap(
+            ours, getattr(self._pickler, "dispatch_table", {})
+        )
+
+    def dump(self, obj: Any) -> None:
+        self._pickler.dump(obj)
 
     def _slot(self, flat: np.ndarray) -> int:
         self.arrays.append(flat)
         return len(self.arrays) - 1
 
     def _tensor(self, t: torch.Tensor) -> Any:
-        if t.is_sparse or t.is_quantized or t.is_nested or t.requires_grad:
+        plain = t.layout != torch.strided or t.is_quantized or t.is_nested or t.is_meta
+        if plain or t.requires_grad:
             return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # as plain pickle has it
-        t = t.detach().cpu()
+        t = t.detach().cpu().resolve_conj().resolve_neg()
         if t.numel() == 0:
             return _empty_tensor, (tuple(t.shape), t.dtype)
         flat = t.contiguous().reshape(-1).view(torch.uint8).numpy()
         return _Slot, (self._slot(flat), "torch", t.dtype, tuple(t.shape))
 
     def _array(self, a: np.ndarray) -> Any:
-        if a.dtype.hasobject or a.size == 0 or not a.dtype.isnative:
+        if a.dtype.hasobject or a.dtype.fields is not None or a.size == 0 or not a.dtype.isnative:
             return a.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
         flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         return _Slot, (self._slot(flat), "numpy", a.dtype.str, a.shape)

@@ -66,6 +66,8 @@ class Reply(NamedTuple):
     rng: RngState
     state: Any = None
     exhausted: bool = False
+    #: An iterable worker's first batch of an epoch: its RNGs as the epoch's stream began.
+    epoch_rng: RngState | None = None
 
 
 def _rng_state() -> RngState:
@@ -111,6 +113,8 @@ class LoaderActor:
         self._fetcher: IterableFetcher | None = None
         self._steps: list[Any] | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._epoch: int | None = None
+        self._init_error: Exception | None = None
 
     def start(self, rng: RngState | None) -> PortableError | None:
         """Become worker ``wid`` (then, for a replacement, restore ``rng``); the error of
@@ -126,6 +130,7 @@ class LoaderActor:
                 init_fn(self._wid)
             self._steps = _staged_steps(self._dataset)
         except Exception as exc:
+            self._init_error = exc
             return PortableError.of(exc)
         if rng is not None:
             _set_rng_state(rng)
@@ -136,6 +141,7 @@ class LoaderActor:
 
     def load(self, indices: list[Any]) -> Reply:
         """Load and collate the batch of ``indices`` (one index without auto-collation)."""
+        self._check_started()
         dataset = self._dataset
         if self._steps is None:
             fetched = fetch_batch(
@@ -151,16 +157,28 @@ class LoaderActor:
     def next_batch(self, epoch: int, state: Any) -> Reply:
         """An ``IterableDataset``'s next batch of ``epoch`` (a new epoch starts a new
         iterator; ``state``: a stateful dataset's, restored first)."""
+        self._check_started()
         if self._fetcher is None:
             assert self._iterable is not None, "an iterable task for a map-style worker"
             per_batch, drop_last = self._iterable
             self._fetcher = IterableFetcher(
                 self._dataset, per_batch, drop_last, self._collate_fn, self._auto_collation
             )
+        began = _rng_state() if epoch != self._epoch else None
+        self._epoch = epoch
         fetched = self._fetcher.next(epoch, state)
         if fetched is None:
-            return Reply(b"", [], None, _rng_state(), exhausted=True)
-        return self._reply(fetched, None)
+            return Reply(b"", [], None, _rng_state(), exhausted=True, epoch_rng=began)
+        reply = self._reply(fetched, None)
+        if fetched.errors is not None and callable(getattr(self._dataset, "state_dict", None)):
+            reply = reply._replace(state=self._dataset.state_dict())  # past the failed one
+        return reply._replace(epoch_rng=began)
+
+    def _check_started(self) -> None:
+        if self._init_error is not None:  # a replacement whose start failed
+            raise RuntimeError(
+                f"worker {self._wid}'s Ray actor could not start: {self._init_error!r}"
+            ) from self._init_error
 
     def _reply(self, fetched: Fetched, indices: Any) -> Reply:
         try:

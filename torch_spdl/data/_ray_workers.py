@@ -23,7 +23,11 @@ that came back with the last batch received from it, and makes again, in order, 
 batch not yet received (and any received after a lost one, discarded, so that its RNG
 draws advance as the dead actor's did). The epoch then delivers every batch once, and
 the same batches as with no failure. An ``IterableDataset``'s worker is brought back by
-reading its stream again from the epoch's start (a stateful one by restoring its state).
+reading its stream again from the epoch's start, from the RNG state its first batch of
+the epoch reported it began with (a stateful one instead restores its state, and the RNGs
+of its last batch). Batches nobody waits for any more (an epoch left early) still run in
+the actor, as torch's persistent workers make them, but their results are dropped at once:
+the object store keeps only what a caller will read.
 """
 
 from __future__ import annotations
@@ -51,7 +55,8 @@ class _Task:
     current ObjectRef, and where it stands."""
 
     __slots__ = (
-        "owner", "wid", "method", "args", "ref", "gen", "received", "cancelled", "rng", "state"
+        "owner", "wid", "method", "args", "ref", "gen", "received", "cancelled", "rng",
+        "state", "began",
     )
 
     def __init__(self, owner: RayWorkers, wid: int, method: str, args: tuple[Any, ...]) -> None:
@@ -65,6 +70,7 @@ class _Task:
         self.cancelled = False
         self.rng: RngState | None = None  # the actor's RNGs after it, once received
         self.state: Any = None  # a stateful iterable dataset's, after it
+        self.began: RngState | None = None  # an epoch's first batch: the RNGs before it
 
     def result(self, timeout: float | None = None) -> Fetched | None:
         """Wait for the batch (the pipeline's receiving stage calls this)."""
@@ -83,6 +89,8 @@ class _Worker:
         self.epoch: int | None = None
         self.read_this_epoch = 0
         self.state: Any = None  # a stateful iterable dataset's, after the last batch
+        #: The RNGs as the current epoch's stream began (None: as seeded).
+        self.epoch_rng: RngState | None = None
 
 
 class RayWorkers:
@@ -122,6 +130,7 @@ class RayWorkers:
         address = options.pop("address", None)
         budget = options.pop("max_replacements", 2 * num_workers)
         self._start_s = float(options.pop("start_timeout_s", _START_S))
+        check = bool(options.pop("check_resources", True))
         ray = connect(WHO, address)
         self._ray = ray
         from ray import cloudpickle
@@ -157,6 +166,7 @@ class RayWorkers:
             WHO,
             budget,
             prefix="torch_spdl-loader-",
+            check=check,
         )
 
     # -- starting --------------------------------------------------------------------------
@@ -165,10 +175,19 @@ class RayWorkers:
         placed and seeded; a worker whose ``worker_init_fn`` failed fails its batches."""
         if self._started:
             return
+        try:
+            # placed first (a cluster without room is named as such), then started: the
+            # dataset unpickled and worker_init_fn run, which may take their own time
+            self._actors.wait_ready(lambda a: a.ready.remote(), self._start_s)
+            starts = [actor.start.remote(None) for actor in self._actors_list()]
+            errors = self._ray.get(starts)
+        except BaseException as exc:  # no half-started pool is kept for a later epoch
+            self.shutdown()
+            for w in self._workers:
+                w.dead = exc
+            raise
         self._started = True
-        starts = [actor.start.remote(None) for actor in self._actors_list()]
-        self._actors.wait_ready(lambda a: a.ready.remote(), self._start_s)
-        for w, error in zip(self._workers, self._ray.get(starts), strict=True):
+        for w, error in zip(self._workers, errors, strict=True):
             if error is not None:
                 w.dead = _init_failed(error, w.wid)
 
@@ -198,6 +217,7 @@ class RayWorkers:
                 raise _stopped()
             if method == "next_batch" and args[0] != w.epoch:
                 w.epoch, w.read_this_epoch = args[0], 0
+                w.state, w.epoch_rng = None, None  # this epoch's, once its first batch settles
             task.gen = self._actors.generation[wid]
             task.ref = getattr(self._actors[wid], method).remote(*args)
             w.queue.append(task)
@@ -211,9 +231,10 @@ class RayWorkers:
         ray = self._ray
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._closed or task.cancelled:
-                raise _stopped()
-            ref, gen = task.ref, task.gen
+            with self._lock:
+                if self._closed or task.cancelled or task.ref is None:
+                    raise _stopped()
+                ref, gen = task.ref, task.gen
             left = _POLL_S if deadline is None else min(_POLL_S, deadline - time.monotonic())
             if left <= 0:
                 raise TimeoutError(f"no batch from the Ray actors within {timeout} s")
@@ -234,7 +255,7 @@ class RayWorkers:
         w = self._workers[task.wid]
         with self._lock:
             task.received, task.ref, task.rng = True, None, reply.rng
-            task.state = reply.state
+            task.state, task.began = reply.state, reply.epoch_rng
             self._settle(w, task, reply)
         if reply.exhausted:
             return None
@@ -261,11 +282,14 @@ class RayWorkers:
                 break
         for _ in range(upto + 1):
             done = queue.popleft()
-            if done.method == "next_batch" and done.args[0] == w.epoch:
+            this_epoch = done.method == "next_batch" and done.args[0] == w.epoch
+            if this_epoch:
                 w.read_this_epoch += 1
             if done.received:
                 w.rng, done.rng = done.rng, None
-                if done.state is not None:
+                if this_epoch and done.began is not None:
+                    w.epoch_rng = done.began
+                if this_epoch and done.state is not None:
                     w.state = done.state
 
     def _recover(self, wid: int, gen: int, cause: BaseException) -> None:
@@ -284,24 +308,22 @@ class RayWorkers:
             w = self._workers[wid]
             actor = self._actors[wid]
             new_gen = self._actors.generation[wid]
-            if self.iterable:
-                actor.start.remote(None)
-                state = w.state
-                replay = 0 if state is not None else w.read_this_epoch
-                epoch = w.epoch
-                for _ in range(replay):  # read again from the epoch's start, discarded
-                    actor.next_batch.remote(epoch, None)
-                first = True
-                for task in w.queue:
-                    args = task.args
-                    if first and state is not None:
-                        args = (args[0], state)
-                    first = False
-                    task.ref, task.gen = getattr(actor, task.method).remote(*args), new_gen
-            else:
+            if self.iterable and w.state is None and w.read_this_epoch:
+                # read its stream again from the epoch's start, from the RNGs it began with
+                actor.start.remote(w.epoch_rng)
+                for _ in range(w.read_this_epoch):
+                    actor.next_batch.remote(w.epoch, None)
+            else:  # from the last batch settled: its RNGs (and a stateful dataset's state)
                 actor.start.remote(w.rng)
-                for task in w.queue:
-                    task.ref, task.gen = getattr(actor, task.method).remote(*task.args), new_gen
+            first = True
+            for task in w.queue:
+                args = task.args
+                if first and self.iterable and w.state is not None:
+                    args = (args[0], w.state)
+                first = False
+                ref = getattr(actor, task.method).remote(*args)
+                if not (task.received or task.cancelled):  # made again for a waiting caller
+                    task.ref, task.gen = ref, new_gen
 
     # -- the epoch's end -------------------------------------------------------------------
     def delivered(self, b: int) -> None:
@@ -317,7 +339,8 @@ class RayWorkers:
             for w in self._workers:
                 for task in w.queue:
                     if not task.received:
-                        task.cancelled = True
+                        # it still runs (its draws are the worker's); its result is dropped
+                        task.cancelled, task.ref = True, None
 
     def shutdown(self) -> None:
         """Kill the actors now (a batch under way is not waited for)."""
