@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import pickle
 import random
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -47,7 +48,10 @@ from ._worker_info import install_torch_worker_info, set_process_worker_info
 
 __all__ = ["LoaderActor", "Reply", "RngState", "SampleFailure"]
 
-RngState = tuple[Any, Any, Any]  # random's, NumPy's and torch's
+# random's, NumPy's and torch's states, pickled: as bytes they travel inside the reply's
+# own bytes, where NumPy's array would be a view of the batch's object in the store, and
+# the loader, which keeps the latest, would keep every batch's object alive with it.
+RngState = bytes
 
 
 class SampleFailure(NamedTuple):
@@ -71,10 +75,11 @@ class Reply(NamedTuple):
 
 
 def _rng_state() -> RngState:
-    return random.getstate(), np.random.get_state(), torch.get_rng_state()
+    return pickle.dumps((random.getstate(), np.random.get_state(), torch.get_rng_state()))
 
 
-def _set_rng_state(state: RngState) -> None:
+def _set_rng_state(pickled: RngState) -> None:
+    state = pickle.loads(pickled)
     random.setstate(state[0])
     np.random.set_state(state[1])
     torch.set_rng_state(state[2])
@@ -171,7 +176,8 @@ class LoaderActor:
             return Reply(b"", [], None, _rng_state(), exhausted=True, epoch_rng=began)
         reply = self._reply(fetched, None)
         if fetched.errors is not None and callable(getattr(self._dataset, "state_dict", None)):
-            reply = reply._replace(state=self._dataset.state_dict())  # past the failed one
+            # past the failed one; pickled, as the RNGs are
+            reply = reply._replace(state=pickle.dumps(self._dataset.state_dict()))
         return reply._replace(epoch_rng=began)
 
     def _check_started(self) -> None:
@@ -283,7 +289,8 @@ def _packed(fetched: Fetched) -> Reply:
     rng = _rng_state()
     if fetched.errors is None:
         data, arrays = pack(fetched.batch)
-        return Reply(data, arrays, None, rng, fetched.state)
+        state = None if fetched.state is None else pickle.dumps(fetched.state)  # as the RNGs
+        return Reply(data, arrays, None, rng, state)
     failures = [SampleFailure(pos, index, PortableError.of(e)) for pos, index, e in fetched.errors]
     data, arrays = pack(fetched.samples)
     return Reply(data, arrays, failures, rng)

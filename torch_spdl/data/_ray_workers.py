@@ -33,6 +33,7 @@ the object store keeps only what a caller will read.
 from __future__ import annotations
 
 import hashlib
+import pickle
 import threading
 import time
 from collections import deque
@@ -255,13 +256,14 @@ class RayWorkers:
         w = self._workers[task.wid]
         with self._lock:
             task.received, task.ref, task.rng = True, None, reply.rng
-            task.state, task.began = reply.state, reply.epoch_rng
+            state = None if reply.state is None else pickle.loads(reply.state)
+            task.state, task.began = state, reply.epoch_rng
             self._settle(w, task, reply)
         if reply.exhausted:
             return None
         where = f"Ray actor of worker {task.wid}"
         if reply.failures is None:
-            return Fetched(batch=unpack(reply.data, reply.arrays), state=reply.state)
+            return Fetched(batch=unpack(reply.data, reply.arrays), state=task.state)
         errors = []
         for failure in reply.failures:
             error = failure.error.rebuild(where)
@@ -353,6 +355,7 @@ class RayWorkers:
                     task.cancelled = True
                     task.ref = None
                 w.queue.clear()
+                w.rng = w.epoch_rng = w.state = None
         self._actors.shutdown()
 
 
