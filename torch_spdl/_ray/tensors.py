@@ -10,15 +10,17 @@ tensor *viewing* its array where the object store put it. The view is writable (
 training loop may normalise a batch in place; the object is this process's alone, and
 the memory is released once the last tensor viewing it is freed).
 
-Tensors are matched by exact type, in the pickler's table of reductions (looked up in C),
-as the loader's shared-memory batches are (``torch_spdl.data._shared_batch``): an
-``nn.Parameter`` or another subclass pickles as it would anywhere.
+Tensors are matched by exact type (an ``nn.Parameter`` or another subclass pickles as it
+would anywhere), in cloudpickle's ``reducer_override``, which it calls for every object
+anyway: a batch may hold a class of the training script's own, which only cloudpickle
+sends. A batch of one 19 MB tensor packs in 0.6 ms; pickled in band, as a first version
+here did, it took 40 ms to pack and as long again on the trainer.
 """
 
 from __future__ import annotations
 
-import collections
 import ctypes
+import functools
 import io
 import pickle
 from typing import Any
@@ -29,53 +31,60 @@ import torch
 __all__ = ["pack", "unpack"]
 
 
-def _pickler() -> type[pickle.Pickler]:
-    """cloudpickle's pickler: a batch may hold instances of classes defined in the
+@functools.cache
+def _pickler() -> type[Any]:
+    """A pickler on cloudpickle's: a batch may hold instances of classes defined in the
     training script, which reach an actor rebuilt by value (as its dataset did) and which
-    plain pickle would look up by name in the actor's ``__main__``."""
+    plain pickle would look up by name in the actor's ``__main__``. cloudpickle already
+    asks a Python ``reducer_override`` about every object, so tensors and arrays are
+    taken there (its C pickler reads a dispatch table once, at construction, from its
+    class, where cloudpickle keeps its own)."""
     from ray import cloudpickle
 
-    return cloudpickle.Pickler
+    class Packer(cloudpickle.Pickler):
+        def __init__(self, file: io.BytesIO) -> None:
+            super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+            self.arrays: list[np.ndarray] = []
+
+        def reducer_override(self, obj: Any) -> Any:
+            kind = type(obj)
+            if kind is torch.Tensor:
+                return _tensor(self.arrays, obj)
+            if kind is np.ndarray:
+                return _array(self.arrays, obj)
+            return super().reducer_override(obj)
+
+    return Packer
 
 
-class _Packer:
-    def __init__(self, file: io.BytesIO) -> None:
-        self._pickler = _pickler()(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.arrays: list[np.ndarray] = []
-        ours: dict[type, Any] = {torch.Tensor: self._tensor, np.ndarray: self._array}
-        self._pickler.dispatch_table = collections.ChainMap(
-            ours, getattr(self._pickler, "dispatch_table", {})
-        )
+def _slot(arrays: list[np.ndarray], flat: np.ndarray) -> int:
+    arrays.append(flat)
+    return len(arrays) - 1
 
-    def dump(self, obj: Any) -> None:
-        self._pickler.dump(obj)
 
-    def _slot(self, flat: np.ndarray) -> int:
-        self.arrays.append(flat)
-        return len(self.arrays) - 1
+def _tensor(arrays: list[np.ndarray], t: torch.Tensor) -> Any:
+    plain = t.layout != torch.strided or t.is_quantized or t.is_nested or t.is_meta
+    if plain or t.requires_grad:
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # as plain pickle has it
+    t = t.detach().cpu().resolve_conj().resolve_neg()
+    if t.numel() == 0:
+        return _empty_tensor, (tuple(t.shape), t.dtype)
+    flat = t.contiguous().reshape(-1).view(torch.uint8).numpy()
+    return _Slot, (_slot(arrays, flat), "torch", t.dtype, tuple(t.shape))
 
-    def _tensor(self, t: torch.Tensor) -> Any:
-        plain = t.layout != torch.strided or t.is_quantized or t.is_nested or t.is_meta
-        if plain or t.requires_grad:
-            return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)  # as plain pickle has it
-        t = t.detach().cpu().resolve_conj().resolve_neg()
-        if t.numel() == 0:
-            return _empty_tensor, (tuple(t.shape), t.dtype)
-        flat = t.contiguous().reshape(-1).view(torch.uint8).numpy()
-        return _Slot, (self._slot(flat), "torch", t.dtype, tuple(t.shape))
 
-    def _array(self, a: np.ndarray) -> Any:
-        if a.dtype.hasobject or a.dtype.fields is not None or a.size == 0 or not a.dtype.isnative:
-            return a.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        return _Slot, (self._slot(flat), "numpy", a.dtype.str, a.shape)
+def _array(arrays: list[np.ndarray], a: np.ndarray) -> Any:
+    if a.dtype.hasobject or a.dtype.fields is not None or a.size == 0 or not a.dtype.isnative:
+        return a.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return _Slot, (_slot(arrays, flat), "numpy", a.dtype.str, a.shape)
 
 
 def pack(obj: Any) -> tuple[bytes, list[np.ndarray]]:
     """``obj`` as its pickled bytes and the flat byte arrays of its tensors and arrays
     (return both from a Ray task: the arrays then cross out of band)."""
     file = io.BytesIO()
-    packer = _Packer(file)
+    packer = _pickler()(file)
     packer.dump(obj)
     return file.getvalue(), packer.arrays
 
