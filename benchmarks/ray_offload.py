@@ -170,6 +170,10 @@ def loader(root: str, seed: int, ray: bool) -> Iterator[tuple[Any, Any]]:
     kw: dict[str, Any] = {"batch_size": BATCH, "shuffle": True, "num_workers": WORKERS}
     kw["generator"] = torch.Generator().manual_seed(seed)
     if not ray:
+        # forkserver, not fork: this process is a Ray driver, and torch's forked workers
+        # inherit its object-store connection; one of them exiting wrote to it and the
+        # head's raylet died ("Invalid Plasma message type", seen once in 15 runs)
+        kw["multiprocessing_context"] = "forkserver"
         return iter(torch.utils.data.DataLoader(ImageFolder(root, transform()), **kw))
     options = {"resources": {"remote": 1}, "num_cpus": 1}
     dataset = ImageFolder(root, transform())
