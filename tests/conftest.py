@@ -21,6 +21,7 @@ import gc
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -162,3 +163,18 @@ def no_leaks() -> Iterator[None]:
             problems.append(f"/dev/shm entries left behind: {names}")
 
     assert not problems, "; ".join(problems)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    """A Ray cluster for one test module (tests/test_ray_*.py): a head with no CPU and two
+    worker nodes with the ``"remote"`` resource, on 127.0.0.1, after moving this process
+    into a network namespace that has only loopback (``torch_spdl.ray_local``)."""
+    from torch_spdl.ray_local import LocalCluster, isolate_network
+
+    try:
+        isolate_network()
+    except PermissionError as exc:
+        pytest.skip(f"a loopback-only network namespace needs root: {exc}")
+    with LocalCluster(worker_nodes=2, cpus_per_node=1) as local:
+        yield local

@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ ray = pytest.importorskip("ray")
 
 from torch_spdl.pipeline import PipelineBuilder, PipelineFailure, RayActors  # noqa: E402
 from torch_spdl.pipeline.defs import MAIN_PROCESS  # noqa: E402
-from torch_spdl.ray_local import LocalCluster, isolate_network  # noqa: E402
+from torch_spdl.ray_local import LocalCluster  # noqa: E402
 
 # The ops below live in this module, which Ray's workers cannot import: they travel by
 # value, as a script's own functions (defined in __main__) do.
@@ -31,16 +30,6 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 # Half a node each: two actors fit on one worker node, so a replacement has room.
 REMOTE: dict[str, Any] = {"resources": {"remote": 0.5}, "num_cpus": 0.5}
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    try:
-        isolate_network()
-    except PermissionError as exc:
-        pytest.skip(f"a loopback-only network namespace needs root: {exc}")
-    with LocalCluster(worker_nodes=2, cpus_per_node=1) as local:
-        yield local
 
 
 def our_actors() -> list[dict[str, Any]]:

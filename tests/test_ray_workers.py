@@ -33,7 +33,6 @@ import torch_spdl  # noqa: E402
 from torch_spdl.ray_local import (  # noqa: E402
     LocalCluster,
     actors_alive,
-    isolate_network,
     wait_actors_gone,
 )
 
@@ -43,16 +42,6 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 REMOTE = {"resources": {"remote": 0.5}, "num_cpus": 0.5}  # two actors fit on one node
 PREFIX = "torch_spdl-loader-"
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[LocalCluster]:
-    try:
-        isolate_network()
-    except PermissionError as exc:
-        pytest.skip(f"a loopback-only network namespace needs root: {exc}")
-    with LocalCluster(worker_nodes=2, cpus_per_node=1) as local:
-        yield local
 
 
 def our_actors() -> list[str]:

@@ -14,7 +14,9 @@ runner, a sandbox), a Ray cluster for a test must see nothing but loopback. Two 
   with a small object store, the worker nodes carrying a custom resource (``"remote"``)
   that places actors on them and off the head, as a training node and its data nodes.
   It connects this process as the driver and, on :meth:`LocalCluster.shutdown` (or leaving
-  its ``with``), disconnects and stops every node.
+  its ``with``), disconnects and stops every node. It sets ``RAY_USAGE_STATS_ENABLED=0`` in this
+  process's environment unless set (its nodes then send no usage report): this module is
+  for tests, examples and benchmarks, never for the program that imports ``torch_spdl``.
 
 Call :func:`isolate_network` from the main thread before anything starts a thread that
 will talk to Ray: the namespace belongs to the thread that entered it and to what it

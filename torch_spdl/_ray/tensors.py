@@ -13,8 +13,8 @@ the memory is released once the last tensor viewing it is freed).
 Tensors are matched by exact type (an ``nn.Parameter`` or another subclass pickles as it
 would anywhere), in cloudpickle's ``reducer_override``, which it calls for every object
 anyway: a batch may hold a class of the training script's own, which only cloudpickle
-sends. A batch of one 19 MB tensor packs in 0.6 ms; pickled in band, as a first version
-here did, it took 40 ms to pack and as long again on the trainer.
+sends. A batch of one 19 MB tensor packs in 0.6 ms; pickled in band it takes 40 ms to
+pack, and as long again to read on the trainer.
 """
 
 from __future__ import annotations
