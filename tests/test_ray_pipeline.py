@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 
 from torch_spdl.pipeline import PipelineBuilder, PipelineFailure, RayActors  # noqa: E402
 from torch_spdl.pipeline.defs import MAIN_PROCESS  # noqa: E402
-from torch_spdl.ray_local import LocalCluster  # noqa: E402
+from torch_spdl.ray_local import LocalCluster, actors_alive, wait_actors_gone  # noqa: E402
 
 # The ops below live in this module, which Ray's workers cannot import: they travel by
 # value, as a script's own functions (defined in __main__) do.
@@ -32,29 +32,17 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 REMOTE: dict[str, Any] = {"resources": {"remote": 0.5}, "num_cpus": 0.5}
 
 
-def our_actors() -> list[dict[str, Any]]:
-    """Our region actors that Ray's GCS holds not dead (its state API needs the dashboard,
-    which is off; the GCS's own table does not)."""
-    table = ray._private.state.actors()
-    return [
-        a for a in table.values() if a["ActorClassName"] == "RegionActor" and a["State"] != "DEAD"
-    ]
+PREFIX = "torch_spdl-region-"
+
+
+def our_actors() -> list[str]:
+    """The names of our region actors alive in the cluster."""
+    return actors_alive(PREFIX)
 
 
 def no_actor_left() -> bool:
-    """Whether every actor of ours is dead. ``ray.kill`` lands asynchronously, so an actor
-    still listed is waited for on Ray's own signal of its end: a call to it fails once it
-    is gone (one that answers is alive: a leak)."""
-    for actor in our_actors():
-        try:
-            handle = ray.get_actor(actor["Name"])
-        except ValueError:  # no longer registered: gone
-            continue
-        try:
-            ray.get(handle.__ray_ready__.remote(), timeout=60)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            continue
-    return not our_actors()
+    """Whether every region actor is gone (``ray.kill`` lands asynchronously: waited for)."""
+    return wait_actors_gone(PREFIX) == []
 
 
 # -- ops -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ are named (``torch_spdl-loader-...``), which is how the tests find and count the
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import subprocess
@@ -19,6 +20,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -27,6 +29,8 @@ from torch.utils.data import Dataset, DistributedSampler, IterableDataset, get_w
 
 ray = pytest.importorskip("ray")
 
+import _lightning_helpers  # noqa: E402
+from _lightning_helpers import IndexData, Recorder  # noqa: E402
 from _sync import CHILD_START_S  # noqa: E402
 
 import torch_spdl  # noqa: E402
@@ -39,6 +43,7 @@ from torch_spdl.ray_local import (  # noqa: E402
 # The datasets below are defined in this module, which Ray's workers cannot import: they
 # travel by value, as a script's own classes (defined in __main__) do.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+ray.cloudpickle.register_pickle_by_value(_lightning_helpers)
 
 REMOTE = {"resources": {"remote": 0.5}, "num_cpus": 0.5}  # two actors fit on one node
 PREFIX = "torch_spdl-loader-"
@@ -436,6 +441,30 @@ def test_ctrl_c_stops_the_actors_without_waiting_for_a_stuck_one(cluster: LocalC
 
 
 # -- distributed training --------------------------------------------------------------------
+def references_held() -> int:
+    """How many object references this process holds, from Ray's own table (its state API
+    would show the cluster's objects, but it needs the dashboard, off here). Every object
+    the loader makes (the dataset put once, each batch an actor returns) is owned by this
+    process, so none left here is none left in the cluster."""
+    return len(ray._private.worker.global_worker.core_worker.get_all_reference_counts())
+
+
+def test_no_object_outlives_the_loader(cluster: LocalCluster):
+    before = references_held()
+    loader = torch_spdl.DataLoader(
+        Augmented(), batch_size=4, num_workers=2, worker_type="ray", ray_options=REMOTE,
+        persistent_workers=True,
+    )
+    kept = list(loader)  # an epoch whose batches are kept (views of the objects)
+    for _ in loader:  # and one broken off with batches in flight
+        break
+    assert references_held() > before  # the dataset, while the loader lives
+    del loader, kept
+    gc.collect()
+    assert references_held() == before
+    assert no_actor_left()
+
+
 def test_each_rank_reads_its_share_once(cluster: LocalCluster):
     dataset = Indexed(30)
     seen: list[int] = []
@@ -461,6 +490,39 @@ def test_a_lightning_datamodule_takes_ray_workers(cluster: LocalCluster):
     module.setup("fit")
     batches = [b.tolist() for b in module.train_dataloader()]
     assert sorted(i for b in batches for i in b) == list(range(16))
+    assert no_actor_left()
+
+
+class SwappedDataModule(pl.LightningDataModule):
+    """A plain DataModule whose only change is the loader: ours, on Ray workers."""
+
+    def __init__(self, loader: Any = None) -> None:
+        super().__init__()
+        self.loader = loader or (lambda **kw: torch_spdl.DataLoader(
+            **kw, num_workers=2, worker_type="ray", ray_options=REMOTE
+        ))
+
+    def train_dataloader(self) -> Any:
+        return self.loader(dataset=IndexData(24), batch_size=4, shuffle=True)
+
+
+def fit(module: pl.LightningDataModule) -> dict[int, list[int]]:
+    pl.seed_everything(5)
+    model = Recorder()
+    pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=2, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, logger=False,
+    ).fit(model, module)
+    return model.seen["train"]
+
+
+def test_trainer_fit_with_a_swapped_datamodule_on_ray_workers_sees_torchs_order(
+    cluster: LocalCluster,
+):
+    ours = fit(SwappedDataModule())
+    torchs = fit(SwappedDataModule(TorchDataLoader))
+    assert ours == torchs and ours[0] != ours[1]
+    assert sorted(ours[0]) == sorted(ours[1]) == list(range(24))
     assert no_actor_left()
 
 
