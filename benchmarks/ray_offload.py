@@ -52,15 +52,14 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
-from _measure import machine, pss_kb
+from _measure import machine
+from _process_tree import Tree, core_busy, delta
 
 import torch_spdl
 from torch_spdl.ray_local import LocalCluster, isolate_network
 
 BATCH, WORKERS, WARM, TAIL, CLASSES = 32, 2, 2, 4, 4
 REPORT = Path(__file__).with_name("report") / "ray_offload.md"
-AGENTS = ("IDLE", "DashboardAgent", "RuntimeEnvAgent")  # Ray's own, on every node
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 def make_jpegs(root: Path, count: int, seed: int = 0) -> None:
@@ -108,59 +107,6 @@ def make_step() -> Callable[[Any, Any], None]:
         opt.step()
 
     return step
-
-
-class Tree:
-    """The trainer and its descendants, each classed ``trainer``, ``local`` (a direct child
-    that the cluster did not start: torch's workers) or ``ray``, and by its cores."""
-
-    def __init__(self, ray_roots: set[int]) -> None:
-        self.me, self.ray_roots = psutil.Process(), ray_roots
-
-    def snapshot(self) -> dict[int, tuple[float, str, str]]:
-        """pid -> (CPU seconds so far, ``class@cores``, its title)."""
-        snap, me = {}, self.me.pid
-        for p in [self.me, *self.me.children(recursive=True)]:
-            try:
-                kind = "trainer" if p.pid == me else "ray"
-                if p.ppid() == me and p.pid not in self.ray_roots:
-                    kind = "local"
-                t, cores = p.cpu_times(), ",".join(map(str, sorted(os.sched_getaffinity(p.pid))))
-                title = os.path.basename((p.cmdline() or [p.name()])[0].split(" ")[0])
-                cpu = t.user + t.system + t.children_user + t.children_system
-                snap[p.pid] = (cpu, f"{kind}@{cores}", title)
-            except (psutil.Error, OSError, IndexError):
-                pass
-        return snap
-
-    def where(self) -> str:
-        """Ray's actor and task processes (title ``ray::...``) and their cores."""
-        seen: dict[str, list[str]] = {}
-        for pid, (_, key, title) in self.snapshot().items():
-            if title.startswith("ray::") and not title.endswith(AGENTS):
-                name = "ray::" + title.split(":")[-1]  # the actors' names left out
-                seen.setdefault(name, []).append(f"{pid} cores {key.split('@')[1]}")
-        return "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(seen.items())) or "-"
-
-    def pss_mib(self) -> tuple[float, float]:
-        """PSS of the trainer, and summed over the tree, MiB."""
-        sizes = [pss_kb(pid) for pid in self.snapshot()]  # the trainer first
-        return sizes[0] / 1024, sum(sizes) / 1024
-
-
-def delta(before: dict, after: dict, by: int = 1) -> dict[str, float]:
-    """CPU seconds between two snapshots, by ``class@cores`` (``by=2``: by title)."""
-    out: dict[str, float] = {}
-    for pid, row in after.items():
-        out[row[by]] = out.get(row[by], 0.0) + row[0] - before.get(pid, (0.0,))[0]
-    return out
-
-
-def core_busy() -> float:
-    """Busy CPU seconds of cores 0 and 1 since boot (``/proc/stat``)."""
-    with open("/proc/stat") as f:
-        rows = [[int(v) for v in line.split()[1:]] for line in f if line[:5] in ("cpu0 ", "cpu1 ")]
-    return sum(sum(t) - t[3] - t[4] for t in rows) / TICK
 
 
 def loader(root: str, seed: int, ray: bool) -> Iterator[tuple[Any, Any]]:
