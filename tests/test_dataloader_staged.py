@@ -8,6 +8,7 @@ rather than hangs), never with sleeps.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
@@ -133,30 +134,99 @@ def test_io_and_cpu_concurrency_are_respected() -> None:
     assert cpu.max == 2
 
 
-def test_async_load_concurrency_is_respected() -> None:
+class AsyncProbed(StagedDataset):
+    """An async ``load`` that records, in the process it runs in, how many loads run at
+    once; the first ``bound`` wait for each other, so the count provably reaches it."""
+
     bound = 4
-    state = {"current": 0, "max": 0, "arrivals": 0}
-    full: dict[str, asyncio.Event] = {}
+    state: dict[str, Any] = {"current": 0, "max": 0, "arrivals": 0}
 
-    class AsyncProbed(StagedDataset):
-        def __len__(self) -> int:
-            return 30
+    def __len__(self) -> int:
+        return 32
 
-        async def load(self, i: int) -> int:
-            ev = full.setdefault("ev", asyncio.Event())
-            state["current"] += 1
-            state["max"] = max(state["max"], state["current"])
-            state["arrivals"] += 1
-            if state["arrivals"] == bound:
-                ev.set()
-            if state["arrivals"] <= bound:
-                await asyncio.wait_for(ev.wait(), WAIT)
-            state["current"] -= 1
-            return i
+    async def load(self, i: int) -> tuple[int, int]:
+        state = self.state
+        ev = state.setdefault("ev", asyncio.Event())
+        state["current"] += 1
+        state["max"] = max(state["max"], state["current"])
+        state["arrivals"] += 1
+        if state["arrivals"] == self.bound:
+            ev.set()
+        if state["arrivals"] <= self.bound:
+            await asyncio.wait_for(ev.wait(), WAIT)
+        state["current"] -= 1
+        return i, state["max"]
 
-    loader = DataLoader(AsyncProbed(), batch_size=4, num_workers=2, io_concurrency=bound)
-    assert [i for b in ids(list(loader)) for i in b] == list(range(30))
-    assert state["max"] == bound
+
+def test_async_load_concurrency_is_respected_in_each_worker() -> None:
+    # batches of 8, at most 4 loads at once in each worker process (their own counters)
+    loader = DataLoader(AsyncProbed(), batch_size=8, num_workers=2, io_concurrency=4)
+    samples = [s for b in loader for s in zip(*(t.tolist() for t in b), strict=True)]
+    assert sorted(i for i, _ in samples) == list(range(32))
+    assert max(most for _, most in samples) == AsyncProbed.bound
+
+
+class Placed(StagedDataset):
+    """Reports where each stage ran: its process and thread."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def load(self, i: int) -> tuple[int, int, str]:
+        return i, os.getpid(), threading.current_thread().name
+
+    def process(self, raw: tuple[int, int, str]) -> tuple[int, int, str, int, str, float]:
+        where = (os.getpid(), threading.current_thread().name, torch.rand(1).item())
+        return (*raw, *where)
+
+
+def test_with_worker_processes_every_stage_runs_in_the_workers() -> None:
+    """The training process runs no user code: ``load`` on the workers' own threads,
+    ``process`` on their main threads, in order (its random draws are torch's)."""
+    batches = list(DataLoader(Placed(), batch_size=4, num_workers=2, generator=gen(2)))
+    rows = [r for b in batches for r in zip(*b, strict=True)]
+    ref = list(TorchDataLoader(Placed(), batch_size=4, num_workers=2, generator=gen(2)))
+    assert [r[-1] for r in rows] == [r[-1] for b in ref for r in zip(*b, strict=True)]
+    load_pids, process_pids = {int(r[1]) for r in rows}, {int(r[3]) for r in rows}
+    assert os.getpid() not in load_pids and load_pids == process_pids and len(load_pids) == 2
+    assert all(r[4] == "MainThread" for r in rows)
+    # each worker's first batches on its io threads (then, as these loads do not wait,
+    # maybe on its main thread: the worker measures them)
+    assert all(r[2].startswith("torch_spdl-io") for r in rows[: 2 * 2 * 4])
+    assert all(r[2].startswith("torch_spdl-io") or r[2] == "MainThread" for r in rows)
+
+
+class Gathered(StagedDataset):
+    """Each worker's loads of one batch meet at a barrier: they pass only if all the batch's
+    loads run at once (one after another, the first would wait alone and time out)."""
+
+    batch = 6
+
+    def __len__(self) -> int:
+        return 24
+
+    def load(self, i: int) -> int:
+        barrier = self.__dict__.setdefault("barrier", threading.Barrier(self.batch, timeout=WAIT))
+        barrier.wait()
+        return i
+
+
+def test_the_reads_of_a_batch_overlap_in_its_worker() -> None:
+    loader = DataLoader(Gathered(), batch_size=Gathered.batch, num_workers=2)
+    assert sorted(i for b in loader for i in b.tolist()) == list(range(24))
+
+
+class FailingLoad(SyncStaged):
+    def load(self, i: int) -> dict[str, Any]:
+        if i == 5:
+            raise OSError(f"cannot read sample {i}")
+        return super().load(i)
+
+
+def test_a_failing_load_in_a_worker_names_the_stage_and_the_index() -> None:
+    with pytest.raises(OSError, match="cannot read sample 5") as info:
+        list(DataLoader(FailingLoad(), batch_size=4, num_workers=2))
+    assert any("stage 'load' failed on sample index 5" in n for n in info.value.__notes__)
 
 
 class _LargeSamples(Dataset):
@@ -189,3 +259,13 @@ def test_recycled_batch_buffers_never_overwrite_a_batch_still_held(
     assert kept is not None and torch.equal(kept, ref[1])
     # dropped buffers came back (24 batches; a process loader has more batches in flight)
     assert len(seen) < (len(ref) // 2 if worker_type == "thread" else len(ref))
+
+
+def test_a_worker_runs_loads_that_do_not_wait_inline() -> None:
+    """The rule a worker applies after timing its first batches' loads: threads only where
+    the loads waited (a read from a network file system), not where they computed."""
+    from torch_spdl.data._staged_batch import computes
+
+    assert computes([(0.010, 0.009), (0.012, 0.010)])  # a decode in load, a cached file
+    assert not computes([(0.005, 0.0002), (0.006, 0.0003)])  # 5 ms waits on storage
+    assert not computes([])

@@ -356,3 +356,25 @@ def _warned_at(loader: Any) -> list[int]:
 def test_yielding_more_than_the_reported_length_warns_past_it(worker_type: str) -> None:
     theirs, ours = both(UnshardedWithLength(), worker_type, batch_size=None, num_workers=2)
     assert _warned_at(ours) == _warned_at(theirs) == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_pin_memory_without_an_accelerator_warns_as_torchs_loader(persistent: bool) -> None:
+    """A script that passes ``pin_memory=True`` (torchvision's references do) on a machine
+    without an accelerator gets torch's warning, as often as torch gives it."""
+    if torch.accelerator.is_available():
+        pytest.skip("the warning is for machines without an accelerator")
+
+    def told(cls: Any) -> list[str]:
+        loader = cls(
+            list(range(8)), batch_size=4, pin_memory=True, num_workers=1,
+            persistent_workers=persistent,
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                list(loader)
+        return [str(w.message) for w in caught if "pin_memory" in str(w.message)]
+
+    torchs = told(TorchDataLoader)
+    assert torchs and told(DataLoader) == torchs

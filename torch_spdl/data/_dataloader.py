@@ -13,6 +13,7 @@ how batches travel (shared-memory arenas, no pickled tensors) and, for a
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
@@ -242,6 +243,8 @@ class DataLoader(_TorchDataLoader[_T_co]):
 
     # -- iteration -----------------------------------------------------------------------
     def __iter__(self) -> EpochIterator:  # type: ignore[override]
+        if not (self.persistent_workers and self.num_workers > 0 and self._epoch >= 0):
+            _warn_as_torchs_iterator_does(self.pin_memory, self.pin_memory_device)
         self._epoch += 1
         resume, self._resume = self._resume, None
         iterator = EpochIterator(self._plan(), self._resources, resume)
@@ -350,3 +353,21 @@ def _check_own_knobs(
         raise ValueError(f"max_failures must be >= 0, got {max_failures!r}")
     if isinstance(worker_nice, bool) or not isinstance(worker_nice, int) or worker_nice < 0:
         raise ValueError(f"worker_nice must be an int >= 0, got {worker_nice!r}")
+
+
+def _warn_as_torchs_iterator_does(pin_memory: bool, pin_memory_device: str) -> None:
+    """The warnings torch's loader gives as it makes an iterator (every epoch, but once with
+    persistent workers, whose iterator torch resets), in its words: a script that passes
+    ``pin_memory=True`` on a machine without an accelerator hears what it heard before."""
+    if pin_memory and pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+            f"ignore pin_memory_device='{pin_memory_device}'.",
+            stacklevel=3,
+        )
+    if pin_memory and not torch.accelerator.is_available():
+        warnings.warn(
+            "'pin_memory' argument is set as true but no accelerator is found, "
+            "then device pinned memory won't be used.",
+            stacklevel=3,
+        )

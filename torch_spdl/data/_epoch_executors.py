@@ -113,7 +113,6 @@ class EpochExecutors:
         if plan.worker_type == "ray":
             from ._ray_workers import RayWorkers  # imports Ray: only when asked for
 
-            io = plan.io_concurrency
             return RayWorkers(
                 plan.dataset,
                 plan.num_workers,
@@ -123,7 +122,7 @@ class EpochExecutors:
                 plan.auto_collation,
                 iterable,
                 plan.ray_options,
-                io_threads=io if isinstance(io, int) else 16,
+                io_threads=io_threads(plan),
                 shared=self._resources.ray_objects,
             )
         return ProcessWorkers(
@@ -139,4 +138,16 @@ class EpochExecutors:
             iterable=iterable,
             receiver=receiver,
             nice=plan.worker_nice,
+            io_threads=io_threads(plan),
         )
+
+
+def io_threads(plan: EpochPlan) -> int:
+    """How many samples of a batch a worker (a process or an actor) runs the ``io`` stages
+    of at once: ``io_concurrency`` when it is a number, else every sample of the batch, up
+    to 64 (the reads of one batch overlap; the next batch's wait for the batch's ``cpu``
+    stages)."""
+    io = plan.io_concurrency
+    if isinstance(io, int):
+        return io
+    return max(1, min(plan.batch_size or 1, 64))

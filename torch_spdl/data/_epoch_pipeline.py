@@ -26,6 +26,7 @@ from ._epoch_plan import EpochPlan, LoaderResources, Loading
 from ._idle_run import IdleRun
 from ._sample_ops import SkipBudget
 from ._stage_specs import AutoStages, split_point
+from ._staged_batch import staged_steps
 from ._thread_or_process import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice
 
 if TYPE_CHECKING:
@@ -95,6 +96,8 @@ class EpochParts:
             split = split_point(plan.dataset, plan.worker_type, plan.num_workers)
             if split is None:
                 return sample_shape(d, None, batches)
+            if staged_steps(plan.dataset) is not None:  # io stages first: all in the workers
+                return process_shape(d, *self._processes(), batches, split=None)
             return process_shape(d, *self._processes(), batches, split=split)
         if loading == "probe":
             self.probe = Probe(min(WINDOW_BATCHES, plan.threads))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ._staged_batch import StageFailed
 from ._worker_info import hidden_worker_info
 
 __all__ = ["Fetched", "IterableFetcher", "fetch_batch", "is_stateful"]
@@ -73,6 +74,9 @@ def fetch_batch(
             return Fetched(samples=[], errors=[(-1, indices, exc)])
     else:
         for pos, value in enumerate(values):
+            if isinstance(value, StageFailed):  # its io stage failed in the worker's threads
+                errors.append((pos, indices[pos], value.exc))
+                continue
             name = "getitem"
             try:
                 if steps is None:

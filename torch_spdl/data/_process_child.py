@@ -29,6 +29,7 @@ from ._collate import PlacingCollate, is_default_collate
 from ._fetch import Fetched, IterableFetcher, fetch_batch
 from ._libc import return_large_blocks
 from ._shared_batch import Arena, BatchSpace, dump_batch
+from ._staged_batch import StagedBatch
 from ._worker_info import install_torch_worker_info, set_process_worker_info
 from ._worker_priority import Priority
 
@@ -162,23 +163,9 @@ def worker_main(
     cancelled: CancelledTasks | None,
     others: list[Connection],
 ) -> None:
-    for conn in others:
-        conn.close()
-    # The parent's objects are never collected here: no finalizer of theirs runs in the
-    # child, and no collection writes to (and so copies) the pages they share with it.
-    gc.freeze()
-    return_large_blocks()
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
-    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable, nice = config
-    priority = Priority(nice)  # raised once a batch shows the worker computes
-    install_torch_worker_info()  # this process is the loader's: collate then sees no worker
-    try:
-        set_process_worker_info(wid, num_workers, base_seed, dataset)
-        if init_fn is not None:
-            init_fn(wid)
-    except Exception as exc:
-        send(results, InitFailed(PortableError.of(exc)))
-        os._exit(1)
+    dataset, collate_fn, auto_collation, iterable, priority, staged = _become_worker(
+        wid, config, results, others
+    )
     steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
     fetcher: IterableFetcher | None = None
     parent = os.getppid()
@@ -220,6 +207,8 @@ def worker_main(
             if first is not None and first not in steps_cache and stage_fns is not None:
                 steps_cache[first] = stage_fns(dataset, first)
             steps = steps_cache.get(first) if first is not None else None
+            if first is None and staged is not None:
+                values, steps = staged.load(values, indices), staged.cpu_steps
             # Called from this frame, not a helper's: a frame less under every sample
             # (code that walks the stack pays for each: ProcessWorkers.start).
             space = _space(arena, collate_fn, auto_collation)
@@ -228,6 +217,35 @@ def worker_main(
             send(results, _pack(fetched, task.task_id, task.slot, arena, space, indices))
         priority.batch_ended()
     os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
+
+
+def _become_worker(
+    wid: int, config: tuple[Any, ...], results: Connection, others: list[Connection]
+) -> tuple[Any, Any, bool, Any, Priority, StagedBatch | None]:
+    """Become worker ``wid`` of the loader (seeded, ``get_worker_info()`` set,
+    ``worker_init_fn`` run; on its failure, report it and exit); what the loop needs of
+    ``config``: the dataset, ``collate_fn``, auto-collation, the iterable's batching, the
+    worker's priority and a staged dataset's batches (run here, :mod:`._staged_batch`)."""
+    for conn in others:
+        conn.close()
+    # The parent's objects are never collected here: no finalizer of theirs runs in the
+    # child, and no collection writes to (and so copies) the pages they share with it.
+    gc.freeze()
+    return_large_blocks()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
+    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable, nice, io = (
+        config
+    )
+    install_torch_worker_info()  # this process is the loader's: collate then sees no worker
+    try:
+        set_process_worker_info(wid, num_workers, base_seed, dataset)
+        if init_fn is not None:
+            init_fn(wid)
+    except Exception as exc:
+        send(results, InitFailed(PortableError.of(exc)))
+        os._exit(1)
+    priority = Priority(nice)  # raised once a batch shows the worker computes
+    return dataset, collate_fn, auto_collation, iterable, priority, StagedBatch.of(dataset, io)
 
 
 def import_what_workers_import() -> None:

@@ -96,6 +96,8 @@ class ProcessWorkers:
             that calls :meth:`result`, which then never blocks on a free arena either.
         nice: added to a worker's niceness once a batch shows it computes (when and why:
             :mod:`._worker_priority`).
+        io_threads: a staged dataset's ``io`` stages run this many samples at once in each
+            worker (:mod:`._staged_batch`).
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class ProcessWorkers:
         iterable: tuple[int | None, bool] | None = None,
         receiver: bool = True,
         nice: int = 0,
+        io_threads: int = 16,
     ) -> None:
         ctx = mp_context
         if ctx is None or isinstance(ctx, str):
@@ -143,6 +146,7 @@ class ProcessWorkers:
             auto_collation,
             iterable,
             nice,
+            io_threads,
         )
         self._watch: Watch[WorkerRecord] = Watch(self._wake_r)
         for w in self._workers:

@@ -17,11 +17,10 @@ Two things are added for the loader's side (``_ray_workers``):
   bit-identical to what the dead actor would have made, for a dataset whose randomness
   comes from those RNGs (torchvision's transforms, ``random``, ``np.random``), which is
   torch's contract for reproducible workers anyway.
-- A :class:`~torch_spdl.data.StagedDataset` runs its stages here, per batch: ``io``
-  stages on a thread pool of the actor (``io_threads`` samples at once; an ``async``
-  stage on one event loop), ``cpu`` stages one sample after another on the actor's
-  thread, so their random draws keep torch's order. The actor is the only place such a
-  batch touches: nothing of it runs in the training process.
+- A :class:`~torch_spdl.data.StagedDataset` runs its stages here, per batch, as in a
+  worker process (:mod:`._staged_batch`): ``io`` stages on the actor's threads
+  (``io_threads`` samples at once), ``cpu`` stages one sample after another on the
+  actor's thread, so their random draws keep torch's order.
 
 The dataset, ``collate_fn`` and ``worker_init_fn`` arrive pickled once (cloudpickle, as
 Ray pickles functions: a dataset defined in ``__main__`` works), in one object of the
@@ -31,11 +30,8 @@ its tensors as out-of-band arrays the trainer views without a copy.
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import pickle
 import random
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -44,6 +40,7 @@ import torch
 from .._procwire import PortableError
 from .._ray import pack
 from ._fetch import Fetched, IterableFetcher, fetch_batch
+from ._staged_batch import StagedBatch
 from ._worker_info import install_torch_worker_info, set_process_worker_info
 
 __all__ = ["LoaderActor", "Reply", "RngState", "SampleFailure"]
@@ -116,8 +113,7 @@ class LoaderActor:
         self._iterable = iterable
         self._io_threads = io_threads
         self._fetcher: IterableFetcher | None = None
-        self._steps: list[Any] | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        self._staged: StagedBatch | None = None
         self._epoch: int | None = None
         self._init_error: Exception | None = None
 
@@ -133,7 +129,7 @@ class LoaderActor:
             set_process_worker_info(self._wid, self._num_workers, self._base_seed, self._dataset)
             if init_fn is not None:
                 init_fn(self._wid)
-            self._steps = _staged_steps(self._dataset)
+            self._staged = StagedBatch.of(self._dataset, self._io_threads)
         except Exception as exc:
             self._init_error = exc
             return PortableError.of(exc)
@@ -148,15 +144,11 @@ class LoaderActor:
         """Load and collate the batch of ``indices`` (one index without auto-collation)."""
         self._check_started()
         dataset = self._dataset
-        if self._steps is None:
-            fetched = fetch_batch(
-                dataset, indices, indices, None, self._collate_fn, self._auto_collation
-            )
-        else:
-            values = self._run_io(indices)
-            fetched = fetch_batch(
-                dataset, values, indices, self._cpu_steps, self._collate_fn, self._auto_collation
-            )
+        values, steps = indices, None
+        if self._staged is not None:  # its io stages on this actor's threads
+            values, steps = self._staged.load(indices, indices), self._staged.cpu_steps
+        collate, auto = self._collate_fn, self._auto_collation
+        fetched = fetch_batch(dataset, values, indices, steps, collate, auto)
         return self._reply(fetched, indices)
 
     def next_batch(self, epoch: int, state: Any) -> Reply:
@@ -196,93 +188,6 @@ class LoaderActor:
                 "what collate_fn returns must pickle"
             )
             return _packed(Fetched(samples=[], errors=[(-1, indices, exc)]))
-
-    # -- a staged dataset -------------------------------------------------------------------
-    @property
-    def _cpu_steps(self) -> list[Any]:
-        assert self._steps is not None
-        return [fn for kind, fn in self._steps if kind == "cpu"]
-
-    def _run_io(self, indices: list[Any]) -> list[Any]:
-        """The leading ``io`` stages of a staged dataset on every sample of the batch at
-        once; a failure stays the sample's (the cpu stages then see the exception and
-        report it as the stage's)."""
-        assert self._steps is not None
-        io_fns = [fn for kind, fn in self._steps if kind == "io"]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="torch_spdl-io")
-
-        def one(index: Any) -> Any:
-            value = index
-            for fn in io_fns:
-                value = fn(value)
-                if inspect.isawaitable(value):
-                    value = asyncio.run(_await(value))
-            return value
-
-        return list(self._pool.map(_Guard(one), indices))
-
-
-class _Guard:
-    """Runs ``fn``; an exception becomes a value the first cpu step re-raises."""
-
-    def __init__(self, fn: Any) -> None:
-        self.fn = fn
-
-    def __call__(self, value: Any) -> Any:
-        try:
-            return self.fn(value)
-        except Exception as exc:
-            return _Failed(exc)
-
-
-class _Failed:
-    def __init__(self, exc: Exception) -> None:
-        self.exc = exc
-
-
-async def _await(value: Any) -> Any:
-    return await value
-
-
-def _staged_steps(dataset: Any) -> list[tuple[str, Any]] | None:
-    """A staged dataset's stages as ``(kind, fn)``, its ``io`` stages first, or None (a
-    plain dataset; or one whose ``io`` stages do not all come first: run as
-    ``__getitem__``)."""
-    from ._staged_dataset import StagedDataset
-
-    if not isinstance(dataset, StagedDataset):
-        return None
-    stages = list(dataset.stages())
-    kinds = [s.kind for s in stages]
-    if "io" not in kinds or kinds != sorted(kinds, key=lambda k: k != "io"):
-        return None
-    steps: list[tuple[str, Any]] = []
-    for s in stages:
-        fn = s.fn
-        if s.kind == "cpu":
-            fn = _cpu_step(fn, str(s.name or getattr(fn, "__name__", "stage")))
-        steps.append((s.kind, fn))
-    if not any(kind == "cpu" for kind, _ in steps):
-        steps.append(("cpu", _cpu_step(_identity, "load")))
-    return steps
-
-
-def _identity(value: Any) -> Any:
-    return value
-
-
-def _cpu_step(fn: Any, name: str) -> Any:
-    def step(value: Any) -> Any:
-        if isinstance(value, _Failed):
-            raise value.exc
-        out = fn(value)
-        if inspect.isawaitable(out):
-            out = asyncio.run(_await(out))
-        return out
-
-    step.__name__ = name
-    return step
 
 
 def _packed(fetched: Fetched) -> Reply:

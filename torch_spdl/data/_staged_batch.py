@@ -1,0 +1,205 @@
+"""A staged dataset's batch inside one worker: its ``io`` stages on the worker's own
+threads, every sample at once, then its ``cpu`` stages one sample after another.
+
+Why in the worker, and not on threads of the training process: a worker process (or a
+Ray actor) is where torch runs ``__getitem__``, so running the stages there keeps the
+training process free of user code (its cores, its GIL, its memory are the training
+step's), the loaded data never crosses a process boundary, and a read that waits (a
+network file system, an object store) waits beside the other reads of its batch instead
+of one after another. Where reads are cheap the split then costs the plain
+``__getitem__`` only a hand-off to a thread per sample. The ``cpu`` stages run on the
+worker's main thread in the batch's order, so a random augmentation draws what it draws
+under torch; an ``io`` stage draws nothing at random (the contract of ``load``, which
+``torch-spdl migrate`` checks before it splits).
+
+A sync ``io`` stage that does not wait is run inline: the first :data:`MEASURED` batches
+run on the threads and time each sample's ``io`` stages (wall and the thread's CPU time);
+when the CPU was at least :data:`COMPUTES` of the wall time, the reads did not wait (a file
+in the page cache, a decode inside ``load``), threads cannot overlap anything, and from
+then on the worker runs them one after another on its main thread, which costs what
+``__getitem__`` costs. The order of the ``cpu`` stages, and so every result, is the same
+either way.
+
+A layout other than "``io`` stages first, then ``cpu`` stages" runs as ``__getitem__``
+(:func:`staged_steps` returns None). An ``async`` ``io`` stage runs on one event loop of
+the worker's, kept for its life (a client session bound to the loop stays usable from
+batch to batch); a sync one on a pool of ``threads`` threads. A sample whose ``io``
+stage fails becomes a :class:`StageFailed`, which ``fetch_batch`` reports as that
+sample's error, named by its stage, as it reports a failing ``__getitem__``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+__all__ = ["StageFailed", "StagedBatch", "computes", "staged_steps"]
+
+_WHO = "torch_spdl.DataLoader"
+MEASURED = 2  # batches timed on the threads before a worker decides
+COMPUTES = 0.7  # the io stages' CPU over their wall time from which they run inline
+
+Step = tuple[str, Callable[[Any], Any]]  # (name, fn)
+
+
+class StageFailed:
+    """A sample whose ``io`` stage raised: the exception, noted with the stage's name."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+def staged_steps(dataset: Any) -> tuple[list[Step], list[Step]] | None:
+    """A staged dataset's ``(io, cpu)`` stages as ``(name, fn)``, or None: not a staged
+    dataset, no ``io`` stage, or one after a ``cpu`` stage (run as ``__getitem__``)."""
+    from ._staged_dataset import StagedDataset
+
+    if not isinstance(dataset, StagedDataset):
+        return None
+    stages = list(dataset.stages())
+    kinds = [s.kind for s in stages]
+    if "io" not in kinds or kinds != sorted(kinds, key=lambda k: k != "io"):
+        return None
+    named = [(s.kind, str(s.name or getattr(s.fn, "__name__", "stage")), s.fn) for s in stages]
+    io = [(name, fn) for kind, name, fn in named if kind == "io"]
+    cpu = [(name, _sync(fn, name)) for kind, name, fn in named if kind == "cpu"]
+    return io, cpu
+
+
+class StagedBatch:
+    """The ``io`` stages of a staged dataset's batches, in one worker (module notes).
+
+    Args:
+        io: the ``io`` stages, as :func:`staged_steps` gives them.
+        cpu: the ``cpu`` stages, run by ``fetch_batch`` after :meth:`load`.
+        threads: samples whose ``io`` stages run at once.
+    """
+
+    def __init__(self, io: list[Step], cpu: list[Step], threads: int) -> None:
+        self.cpu_steps = [fn for _, fn in cpu]
+        self._io = io
+        self._threads = max(1, threads)
+        self._async = any(inspect.iscoroutinefunction(fn) for _, fn in io)
+        self._pool: ThreadPoolExecutor | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timed: list[tuple[float, float]] = []  # (wall, CPU) of each sample's io stages
+        self._batches = 0
+        self.inline = False  # decided after MEASURED batches: the io stages do not wait
+
+    @classmethod
+    def of(cls, dataset: Any, threads: int) -> StagedBatch | None:
+        """The staged batches of ``dataset``, or None (run it as ``__getitem__``)."""
+        steps = staged_steps(dataset)
+        return None if steps is None else cls(*steps, threads)
+
+    def load(self, values: list[Any], indices: list[Any]) -> list[Any]:
+        """Every sample's ``io`` stages, at once: each one's output, or a :class:`StageFailed`."""
+        if self._async:
+            future = asyncio.run_coroutine_threadsafe(self._gather(values, indices), self._loop_())
+            return future.result()
+        if self.inline:
+            return [self._one(v, i) for v, i in zip(values, indices, strict=True)]
+        self._batches += 1
+        out = list(self._pool_().map(self._one_timed, values, indices))
+        if self._batches == MEASURED:
+            self.inline = computes(self._timed)
+            self._timed.clear()
+        return out
+
+    def close(self) -> None:
+        """Stop the threads (a worker process that exits with ``os._exit`` need not)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    # -- one sample -------------------------------------------------------------------------
+    def _one(self, value: Any, index: Any) -> Any:
+        name = ""
+        try:
+            for name, fn in self._io:  # noqa: B007 (the failing one's name, below)
+                value = fn(value)
+                if inspect.isawaitable(value):  # a sync function that returned a coroutine
+                    value = asyncio.run(_awaited(value))
+            return value
+        except Exception as exc:
+            return _failed(exc, name, index)
+
+    def _one_timed(self, value: Any, index: Any) -> Any:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        out = self._one(value, index)
+        self._timed.append((time.perf_counter() - wall, time.thread_time() - cpu))  # atomic
+        return out
+
+    async def _one_async(self, value: Any, index: Any, room: asyncio.Semaphore) -> Any:
+        name = ""
+        async with room:
+            try:
+                for name, fn in self._io:  # noqa: B007 (the failing one's name, below)
+                    if inspect.iscoroutinefunction(fn):
+                        value = await fn(value)
+                    else:
+                        value = await asyncio.get_running_loop().run_in_executor(
+                            self._pool_(), fn, value
+                        )
+                return value
+            except Exception as exc:
+                return _failed(exc, name, index)
+
+    async def _gather(self, values: list[Any], indices: list[Any]) -> list[Any]:
+        room = asyncio.Semaphore(self._threads)
+        return list(
+            await asyncio.gather(
+                *(self._one_async(v, i, room) for v, i in zip(values, indices, strict=True))
+            )
+        )
+
+    def _pool_(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="torch_spdl-io")
+        return self._pool
+
+    def _loop_(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(
+                target=self._loop.run_forever, name="torch_spdl-io-loop", daemon=True
+            ).start()
+        return self._loop
+
+
+def computes(timed: list[tuple[float, float]]) -> bool:
+    """Whether ``io`` stages timed as ``(wall, CPU)`` seconds a sample did not wait: their
+    CPU was at least :data:`COMPUTES` of their wall time (none timed: they wait)."""
+    wall = sum(w for w, _ in timed)
+    return wall > 0 and sum(c for _, c in timed) >= COMPUTES * wall
+
+
+def _failed(exc: Exception, name: str, index: Any) -> StageFailed:
+    exc.add_note(f"{_WHO}: stage {name!r} failed on sample index {index!r}")
+    return StageFailed(exc)
+
+
+def _sync(fn: Callable[[Any], Any], name: str) -> Callable[[Any], Any]:
+    """A ``cpu`` stage as a plain function named as the stage (an ``async`` one run to its
+    end here): ``fetch_batch`` names a failing stage by its function's name."""
+    if not inspect.iscoroutinefunction(fn) and getattr(fn, "__name__", None) == name:
+        return fn
+
+    def step(value: Any) -> Any:
+        out = fn(value)
+        return asyncio.run(_awaited(out)) if inspect.isawaitable(out) else out
+
+    step.__name__ = name
+    return step
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
