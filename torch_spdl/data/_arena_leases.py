@@ -22,10 +22,14 @@ keeps that account for all the workers of a loader together:
 - The pages of an arena stay in memory after its batch is freed, ready for the next batch
   without a page fault; but only ``warm`` arenas keep them (one, in the loader: measured,
   the batches of 4 workers at 9.6 MB each cost 35 MiB more peak memory when every worker
-  kept one warm). Beyond that, an arena released gives its pages back (``cool``, a hole
-  punched in the shared file) and is reused last. torch's loader makes fresh pages for
-  every batch; without the limit, every arena would stay resident, and the loader would
-  hold more batches' worth of memory than torch's.
+  kept one warm), and only one of at most ``warm_bytes`` (``keeps_warm`` says): a warm
+  arena is a batch torch's loader would not hold, and a script's batches of 256 images at
+  224x224 (154 MB) kept the training process 79 MiB above torch's (issue 58), where the
+  page faults it saves cost a few milliseconds beside a batch's seconds of decoding.
+  Beyond that, an arena released gives its pages back (``cool``, a hole punched in the
+  shared file) and is reused last. torch's loader makes fresh pages for every batch;
+  without the limit, every arena would stay resident, and the loader would hold more
+  batches' worth of memory than torch's.
 
 The memory that batches take is then what torch's loader takes, and no private copy of a
 batch exists beside its shared one.
@@ -45,11 +49,19 @@ NO_ARENA = -1
 class ArenaLeases:
     """The free arenas of a loader's workers, and which batch each busy one holds."""
 
-    def __init__(self, bound: int, allowance: int, warm: int, cool: Callable[[int], None]) -> None:
+    def __init__(
+        self,
+        bound: int,
+        allowance: int,
+        warm: int,
+        cool: Callable[[int], None],
+        keeps_warm: Callable[[int], bool] = lambda arena: True,
+    ) -> None:
         self.count = bound + allowance
         self.allowance = allowance
         self._warm_limit = warm
         self._cool = cool
+        self._keeps_warm = keeps_warm
         self._warm: set[int] = set()  # arenas whose pages a batch has touched
         self._free = list(range(self.count - 1, -1, -1))  # popped from the end: 0 first
         self._batch_of: dict[int, int] = {}  # busy arena -> the batch it holds
@@ -99,7 +111,9 @@ class ArenaLeases:
             if self._arena_of.get(b) == arena:
                 del self._arena_of[b]
             self._held.discard(arena)
-            if arena in self._warm and len(self._warm) > self._warm_limit:
+            if arena in self._warm and (
+                len(self._warm) > self._warm_limit or not self._keeps_warm(arena)
+            ):
                 self._warm.discard(arena)
                 self._cool(arena)
                 self._free.insert(0, arena)  # taken last: while warm ones are free

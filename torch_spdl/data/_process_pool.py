@@ -76,6 +76,7 @@ __all__ = ["ProcessWorkers"]
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
 _HELD_BATCHES = 2  # arenas beyond the bound for the batches the training loop holds
 _WARM_ARENAS = 1  # arenas that keep their pages between batches (see _arena_leases)
+_WARM_BYTES = 4 << 20  # ...and only an arena of at most this size (a batch torch would not hold)
 
 
 class ProcessWorkers:
@@ -131,7 +132,10 @@ class ProcessWorkers:
         # Neither holds `self`: the finalizers of batches the training loop keeps hold them.
         arenas: list[Arena] = []
         cool = functools.partial(_cool, arenas)
-        self._leases = ArenaLeases(in_flight * num_workers, _HELD_BATCHES, _WARM_ARENAS, cool)
+        self._leases = ArenaLeases(
+            in_flight * num_workers, _HELD_BATCHES, _WARM_ARENAS, cool,
+            keeps_warm=lambda slot: arenas[slot].size <= _WARM_BYTES,
+        )
         arenas.extend(Arena() for _ in range(self._leases.count if shared else 0))
         self._arenas = arenas if shared else None
         self._cancelled = CancelledTasks() if shared else None
