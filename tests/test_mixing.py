@@ -77,7 +77,9 @@ def test_an_epoch_holds_what_its_policy_promises(mix: WeightedMix, epoch: int) -
     lengths = mix.lengths
     assert len(order) == mix.samples_per_epoch() == sum(quotas)
     assert order == mix.order(epoch).tolist()  # deterministic for (seed, epoch)
-    for source, (quota, local, n) in enumerate(zip(quotas, _by_source(mix, order), lengths)):
+    for source, (quota, local, n) in enumerate(
+        zip(quotas, _by_source(mix, order), lengths, strict=True)
+    ):
         assert len(local) == quota
         # the source's own order: whole passes, each a permutation (index order unshuffled)
         for start in range(0, quota, max(n, 1)):
@@ -90,26 +92,26 @@ def test_an_epoch_holds_what_its_policy_promises(mix: WeightedMix, epoch: int) -
     total = sum(quotas)
     asked = mix.epoch_length
     if mix.policy == "all_exhausted":
-        assert all(q <= n for q, n in zip(quotas, lengths))
+        assert all(q <= n for q, n in zip(quotas, lengths, strict=True))
         if asked is None or asked >= sum(lengths):
             assert quotas == lengths  # every sample of every source once
         else:
             assert total == asked
-            free = [i for i, (q, n) in enumerate(zip(quotas, lengths)) if q < n]
+            free = [i for i, (q, n) in enumerate(zip(quotas, lengths, strict=True)) if q < n]
             rest = total - sum(q for i, q in enumerate(quotas) if i not in free)
             for i in free:  # the sources not capped share the rest by weight
                 assert abs(quotas[i] - rest * w[i] / sum(w[j] for j in free)) < 1
     else:
-        for q, wi in zip(quotas, w):  # in proportion, to within one sample
+        for q, wi in zip(quotas, w, strict=True):  # in proportion, to within one sample
             assert abs(q - total * wi / sum(w)) < 1
     if mix.policy == "first_exhausted":
-        assert all(q <= n for q, n in zip(quotas, lengths))  # no sample twice
+        assert all(q <= n for q, n in zip(quotas, lengths, strict=True))  # no sample twice
         if asked is None or asked > total:  # it stopped where a source ran out
-            assert any(q >= n - 1 for q, n in zip(quotas, lengths))
+            assert any(q >= n - 1 for q, n in zip(quotas, lengths, strict=True))
     if mix.policy == "cycle":
         if asked is None:  # every source gave all it has, the longest no more than needed
-            assert all(q >= n for q, n in zip(quotas, lengths))
-            assert any(q <= n + 1 for q, n in zip(quotas, lengths))
+            assert all(q >= n for q, n in zip(quotas, lengths, strict=True))
+            assert any(q <= n + 1 for q, n in zip(quotas, lengths, strict=True))
         else:
             assert total == asked
 
@@ -185,7 +187,7 @@ def test_ranks_and_workers_together_take_the_order_once(
 
 
 def _prefix_states(shares: list[list[int]], fractions: list[float]) -> list[int]:
-    return [int(f * len(s)) for s, f in zip(shares, fractions)]
+    return [int(f * len(s)) for s, f in zip(shares, fractions, strict=False)]
 
 
 @FAST
@@ -221,7 +223,7 @@ def test_resume_on_another_shape_deals_exactly_the_rest(
         dataset.set_epoch(3)
         sequences = [dataset.indices(k, workers) for k in range(workers)]
         counts = _prefix_states(sequences, fractions[rank * 3 : rank * 3 + workers])
-        for seq, n in zip(sequences, counts):
+        for seq, n in zip(sequences, counts, strict=True):
             delivered.update(seq[:n])
         states.append(dataset.rank_state(counts))
     point = merge_states(states)
@@ -283,9 +285,9 @@ def test_distributed_random_sampler_resumes_twice_on_other_world_sizes(
             rest = Counter(sum(shares, []))
             break
         counts = _prefix_states(shares, fractions[stretch * 5 : stretch * 5 + w])
-        for share, c in zip(shares, counts):
+        for share, c in zip(shares, counts, strict=True):
             delivered.update(share[:c])
-        states = [s.state_dict(c) for s, c in zip(samplers, counts)]
+        states = [s.state_dict(c) for s, c in zip(samplers, counts, strict=True)]
     every = Counter(range(n))
     union = rest + delivered
     if not drop_last:
@@ -308,7 +310,7 @@ def test_an_out_of_order_delivery_is_recorded_exactly(
     samplers = [MixedSampler(mix, rank=r, world_size=world, even_out=False) for r in range(world)]
     delivered: Counter = Counter()
     states = []
-    for s, f in zip(samplers, fractions):
+    for s, f in zip(samplers, fractions, strict=False):
         share = list(s)
         first = int(f * len(share))
         extra = list(range(first + 1, len(share), 2))  # every other one past a gap

@@ -56,6 +56,7 @@ class ElasticSampler:
         self._resume: ResumePoint | None = None
         self._yielded = 0
         self._iterated: int | None = None  # the epoch the last iteration was of
+        self._finished: int | None = None  # ... and the epoch it gave out all of
 
     # -- what a subclass defines -------------------------------------------------------------
     def _global_order(self) -> list[int] | torch.Tensor:
@@ -99,7 +100,7 @@ class ElasticSampler:
 
     def __iter__(self) -> Iterator[int]:
         values = self.share()
-        self._yielded, self._iterated = 0, self.epoch
+        self._yielded, self._iterated, self._finished = 0, self.epoch, None
         return self._counted(values)
 
     def share(self) -> list[int]:
@@ -115,9 +116,11 @@ class ElasticSampler:
         return order[positions].tolist()
 
     def _counted(self, values: list[int]) -> Iterator[int]:
+        epoch = self.epoch
         for value in values:
             self._yielded += 1
             yield value
+        self._finished = epoch
 
     # -- elastic state -------------------------------------------------------------------------
     def state_dict(

@@ -10,6 +10,7 @@ script passes what it counted (``sampler.state_dict(delivered=steps * batch_size
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from torch.utils.data import BatchSampler
@@ -29,6 +30,12 @@ def elastic_state(loader: Any) -> dict[str, Any]:
     sampler (or dataset) of a fresh loader at any world size and worker count, resumes the
     epoch with exactly the samples not delivered. Batches the loader had fetched ahead and
     not delivered count as not delivered.
+
+    Take it while the epoch runs (or after it, before ``set_epoch`` of the next): once
+    the loader's iterator of an epoch is gone, the loader no longer says what it
+    delivered; a sampler that gave out every index then counts the epoch as delivered,
+    else nothing, with a warning; a ``MixedIterableDataset`` counts nothing (a resume of
+    another epoch ignores the state anyway).
 
     Args:
         loader: the rank's ``torch_spdl.DataLoader``.
@@ -63,8 +70,18 @@ def elastic_state(loader: Any) -> dict[str, Any]:
             "batch_sampler cannot be counted (pass sampler.state_dict(delivered=...))"
         )
     share = len(sampler)
-    if sampler._iterated != sampler.epoch or state.get("rng_state") is None:
+    if sampler._iterated != sampler.epoch:
         return sampler.state_dict(0)  # the sampler's epoch has not started in this loader
+    if state.get("rng_state") is None:  # the loader's iterator of the epoch is gone
+        if sampler._finished == sampler.epoch:
+            return sampler.state_dict(share)  # it gave out every index: the epoch ended
+        warnings.warn(
+            "elastic_state: the loader's iterator of this epoch is gone before the sampler "
+            "gave out all its indices (a break?): what it delivered is unknown, and the "
+            "state counts nothing as delivered (take the state while the epoch runs)",
+            stacklevel=2,
+        )
+        return sampler.state_dict(0)
     if state.get("exhausted"):
         return sampler.state_dict(share)
     extra = [j for b in state.get("extra", ()) for j in range(b * size, min((b + 1) * size, share))]
