@@ -312,3 +312,39 @@ def test_streaming_datasets_mixed_at_07_03_every_key_once_and_resumed(tmp_path: 
 
 def _keys(samples: list[dict[str, Any]]) -> list[str]:
     return [s["__key__"] for s in samples]
+
+
+class Tagged(Dataset):
+    """Lightning's test sample (``x``, ``idx``) with ``idx = low + i``."""
+
+    def __init__(self, n: int, low: int) -> None:
+        self.n, self.low = n, low
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        from _lightning_helpers import features
+
+        return {"x": features(self.low + int(i)), "idx": self.low + int(i)}
+
+
+def test_a_trainer_fits_on_a_mix_with_a_new_order_each_epoch() -> None:
+    """Through Lightning's own loops: its set_epoch reaches the mix's sampler, and each
+    epoch is that epoch's global order."""
+    pl = pytest.importorskip("lightning.pytorch")
+    from _lightning_helpers import Recorder
+
+    from torch_spdl.lightning import StagedDataModule
+
+    mix = WeightedMix([Tagged(20, 0), Tagged(8, 100)], [0.5, 0.5], policy="cycle", seed=4)
+    recorder = Recorder()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False,
+    )  # fmt: skip
+    trainer.fit(recorder, StagedDataModule(train=mix, batch_size=4, cpu_concurrency=2))
+    for epoch in (0, 1):
+        expected = [mix[i]["idx"] for i in mix.order(epoch).tolist()]
+        assert recorder.seen["train"][epoch] == expected
+    assert recorder.seen["train"][0] != recorder.seen["train"][1]

@@ -11,7 +11,13 @@ from torch.utils.data import Dataset, DistributedSampler, IterableDataset
 
 from ..data import DataLoader, Stage, StagedDataset
 from ..source import DistributedRandomSampler, WeightedMix
-from ._rank_states import LightningMixedSampler, elastic_target, gather_states, same_shape
+from ._rank_states import (
+    LightningMixedSampler,
+    elastic_target,
+    gather_states,
+    other_world,
+    same_shape,
+)
 
 __all__ = ["FunctionDataset", "LightningDistributedRandomSampler", "StagedDataModule"]
 
@@ -232,10 +238,14 @@ class StagedDataModule(pl.LightningDataModule):
                 drop_last=self.drop_last,
                 shuffle=self.shuffle,
             )
-        loader = self._loader(dataset, _EpochLoader, sampler=sampler)
+        # torch_spdl.DataLoader itself, unless a resume on another world size must set
+        # aside the loader state Lightning restores after this (``_EpochLoader``)
+        pending = self._pending_state
+        elastic = pending is not None and other_world(pending, sampler.world_size)
+        loader = self._loader(dataset, _EpochLoader if elastic else DataLoader, sampler=sampler)
         return self._resumed(loader)
 
-    def _resumed(self, loader: _EpochLoader) -> _EpochLoader:
+    def _resumed(self, loader: DataLoader) -> DataLoader:
         """The training loader, with the state loaded before it existed applied."""
         self._train_loader = loader
         if self._pending_state is not None:
@@ -243,14 +253,15 @@ class StagedDataModule(pl.LightningDataModule):
             self._pending_state = None
         return loader
 
-    def _apply(self, loader: _EpochLoader, state: dict[str, Any]) -> None:
+    def _apply(self, loader: DataLoader, state: dict[str, Any]) -> None:
         """Resume ``loader``: at the saved shape from its own state, else from every
         rank's elastic state (docs/mixing.md)."""
         states = state.get("elastic")
         target = elastic_target(loader)
         if states and target is not None and not same_shape(states, loader):
             target.load_state_dict(states)
-            loader.elastic = True
+            if isinstance(loader, _EpochLoader):
+                loader.elastic = True
         elif "train_loader" in state:
             loader.load_state_dict(state["train_loader"])
 

@@ -14,7 +14,7 @@ own state then set aside, since it counts batches of the old shares.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch.distributed as dist
@@ -22,7 +22,13 @@ from torch.utils.data import DistributedSampler
 
 from ..source import ElasticSampler, MixedIterableDataset, MixedSampler, elastic_state
 
-__all__ = ["LightningMixedSampler", "elastic_target", "gather_states", "same_shape"]
+__all__ = [
+    "LightningMixedSampler",
+    "elastic_target",
+    "gather_states",
+    "other_world",
+    "same_shape",
+]
 
 
 # DistributedSampler is a base only for Lightning's isinstance check (see
@@ -69,3 +75,9 @@ def same_shape(states: Sequence[dict[str, Any]], loader: Any) -> bool:
     if isinstance(target, MixedIterableDataset):
         return int(first["consumers"][0]["num_workers"]) == max(loader.num_workers, 1)
     return True
+
+
+def other_world(state: Mapping[str, Any], world_size: int) -> bool:
+    """Whether a DataModule state holds elastic states saved at another world size."""
+    states = state.get("elastic")
+    return bool(states) and int(states[0]["split"]["world_size"]) != world_size

@@ -62,10 +62,10 @@ class DistributedRandomSampler(ElasticSampler):
     Call :meth:`set_epoch` before each epoch; ``shuffle=False`` keeps index order.
 
     The permutation does not depend on the world size, so the state of every rank
-    (:meth:`state_dict`, or :func:`~torch_spdl.source.elastic_state` of a
+    (:meth:`ElasticSampler.state_dict`, or :func:`~torch_spdl.source.elastic_state` of a
     ``torch_spdl.DataLoader``) resumes the epoch at any other world size: the samplers
-    that load the list of them (:meth:`load_state_dict`) yield exactly the indices no rank
-    delivered, each once (the padding aside), see docs/mixing.md.
+    that load the list of them (:meth:`ElasticSampler.load_state_dict`) yield exactly the
+    indices no rank delivered, each once (the padding aside), see docs/mixing.md.
 
     SPDL's signature works too: ``num_draws`` indices per epoch (across ranks) instead of
     ``n``, drawn with replacement in proportion to ``weights`` when given, and
