@@ -19,6 +19,7 @@ Pure functions of ints and weights; no RNG, no torch.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -33,11 +34,11 @@ def check_weights(weights: Sequence[float], count: int) -> list[Fraction]:
         raise ValueError(f"got {len(weights)} weights for {count} sources")
     exact = []
     for i, w in enumerate(weights):
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w):
             raise ValueError(f"weight {i} must be a finite number, got {w!r}")
         if w <= 0:
             raise ValueError(f"weight {i} must be positive, got {w!r}")
-        exact.append(Fraction(w))
+        exact.append(Fraction(float(w)))
     return exact
 
 
