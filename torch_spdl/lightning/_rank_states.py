@@ -33,7 +33,7 @@ __all__ = [
 
 # DistributedSampler is a base only for Lightning's isinstance check (see
 # LightningDistributedRandomSampler): its __init__ never runs.
-class LightningMixedSampler(MixedSampler, DistributedSampler):  # type: ignore[misc]
+class LightningMixedSampler(MixedSampler, DistributedSampler):
     """:class:`~torch_spdl.source.MixedSampler` that Lightning recognises as already
     distributed (it would otherwise shard the mix's shares a second time)."""
 
@@ -80,4 +80,6 @@ def same_shape(states: Sequence[dict[str, Any]], loader: Any) -> bool:
 def other_world(state: Mapping[str, Any], world_size: int) -> bool:
     """Whether a DataModule state holds elastic states saved at another world size."""
     states = state.get("elastic")
-    return bool(states) and int(states[0]["split"]["world_size"]) != world_size
+    if not states:
+        return False
+    return int(states[0]["split"]["world_size"]) != world_size

@@ -32,7 +32,7 @@ def check_weights(weights: Sequence[float], count: int) -> list[Fraction]:
     """The weights as exact fractions; ValueError unless one finite positive per source."""
     if len(weights) != count:
         raise ValueError(f"got {len(weights)} weights for {count} sources")
-    exact = []
+    exact: list[Fraction] = []
     for i, w in enumerate(weights):
         if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w):
             raise ValueError(f"weight {i} must be a finite number, got {w!r}")

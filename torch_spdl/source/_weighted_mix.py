@@ -168,7 +168,7 @@ class WeightedMix(torch.utils.data.Dataset[Any]):
         """What identifies this mix's orders (lengths, weights, policy, epoch length,
         shuffle flags): a resume checks it, so that a state is never applied to a
         different mix."""
-        parts = [*self.lengths, *map(repr, self.weights), self.policy]
+        parts: list[int | str] = [*self.lengths, *map(repr, self.weights), self.policy]
         parts += [repr(self.epoch_length), *map(int, self.shuffle)]
         return f"{derive_seed('mix', *parts):016x}"
 
