@@ -4,10 +4,18 @@
 DataLoader). :class:`StagedDataModule` goes further: give it datasets (or a ``load`` /
 ``process`` pair and keys) and per-stage concurrency, and it builds the train / val / test /
 predict loaders, shards training with :class:`~torch_spdl.source.DistributedRandomSampler`
-when the Trainer is distributed, and checkpoints exactly the batches the model consumed.
+when the Trainer is distributed (a ``torch_spdl.source.WeightedMix`` with
+:class:`LightningMixedSampler`), and checkpoints exactly the batches the model consumed,
+resumable on another number of GPUs.
 See ``docs/lightning.md``.
 """
 
 from ._datamodule import FunctionDataset, LightningDistributedRandomSampler, StagedDataModule
+from ._rank_states import LightningMixedSampler
 
-__all__ = ["FunctionDataset", "LightningDistributedRandomSampler", "StagedDataModule"]
+__all__ = [
+    "FunctionDataset",
+    "LightningDistributedRandomSampler",
+    "LightningMixedSampler",
+    "StagedDataModule",
+]

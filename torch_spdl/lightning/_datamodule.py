@@ -10,7 +10,14 @@ import lightning.pytorch as pl
 from torch.utils.data import Dataset, DistributedSampler, IterableDataset
 
 from ..data import DataLoader, Stage, StagedDataset
-from ..source import DistributedRandomSampler
+from ..source import DistributedRandomSampler, WeightedMix
+from ._rank_states import (
+    LightningMixedSampler,
+    elastic_target,
+    gather_states,
+    other_world,
+    same_shape,
+)
 
 __all__ = ["FunctionDataset", "LightningDistributedRandomSampler", "StagedDataModule"]
 
@@ -51,17 +58,24 @@ class FunctionDataset(StagedDataset):
 
 
 class _EpochLoader(DataLoader):
-    """The training loader of an iterable dataset with ``set_epoch`` (a
-    ``torch_spdl.streaming.StreamingDataset``): Lightning sets the epoch on a loader's
-    sampler, which an iterable dataset does not have, so each ``iter()`` sets the
-    Trainer's current epoch on the dataset first."""
+    """The training loader. For an iterable dataset with ``set_epoch`` (a
+    ``torch_spdl.streaming.StreamingDataset``, a ``MixedIterableDataset``): Lightning sets
+    the epoch on a loader's sampler, which an iterable dataset does not have, so each
+    ``iter()`` sets the Trainer's current epoch on the dataset first. After a resume on
+    another world size (``elastic``), the loader's own saved state, which Lightning
+    restores too, is set aside: it counts batches of the old shares."""
 
     epoch_of: Callable[[], int] | None = None
+    elastic = False
 
     def __iter__(self) -> Any:
         if self.epoch_of is not None:
             self.dataset.set_epoch(self.epoch_of())  # type: ignore[attr-defined]
         return super().__iter__()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not self.elastic:
+            super().load_state_dict(state)
 
 
 # DistributedSampler is a base only for Lightning's isinstance check: its __init__ never
@@ -210,20 +224,46 @@ class StagedDataModule(pl.LightningDataModule):
                 "the training sampler needs a map-style dataset with __len__"
             )
         rank, world = self._rank_and_world()
-        sampler = LightningDistributedRandomSampler(
-            len(dataset),
-            rank=rank,
-            world_size=world,
-            seed=self.seed,
-            drop_last=self.drop_last,
-            shuffle=self.shuffle,
-        )
-        loader = self._loader(dataset, sampler=sampler)
-        if self._pending_state is not None:
-            loader.load_state_dict(self._pending_state)
-            self._pending_state = None
+        sampler: DistributedRandomSampler | LightningMixedSampler
+        if isinstance(dataset, WeightedMix):  # the mix's own seed and shuffles
+            sampler = LightningMixedSampler(
+                dataset, rank=rank, world_size=world, drop_last=self.drop_last
+            )
+        else:
+            sampler = LightningDistributedRandomSampler(
+                len(dataset),
+                rank=rank,
+                world_size=world,
+                seed=self.seed,
+                drop_last=self.drop_last,
+                shuffle=self.shuffle,
+            )
+        # torch_spdl.DataLoader itself, unless a resume on another world size must set
+        # aside the loader state Lightning restores after this (``_EpochLoader``)
+        pending = self._pending_state
+        elastic = pending is not None and other_world(pending, sampler.world_size)
+        loader = self._loader(dataset, _EpochLoader if elastic else DataLoader, sampler=sampler)
+        return self._resumed(loader)
+
+    def _resumed(self, loader: DataLoader) -> DataLoader:
+        """The training loader, with the state loaded before it existed applied."""
         self._train_loader = loader
+        if self._pending_state is not None:
+            self._apply(loader, self._pending_state)
+            self._pending_state = None
         return loader
+
+    def _apply(self, loader: DataLoader, state: dict[str, Any]) -> None:
+        """Resume ``loader``: at the saved shape from its own state, else from every
+        rank's elastic state (docs/mixing.md)."""
+        states = state.get("elastic")
+        target = elastic_target(loader)
+        if states and target is not None and not same_shape(states, loader):
+            target.load_state_dict(states)
+            if isinstance(loader, _EpochLoader):
+                loader.elastic = True
+        elif "train_loader" in state:
+            loader.load_state_dict(state["train_loader"])
 
     def _iterable_train_loader(self, dataset: IterableDataset) -> DataLoader:
         """An iterable dataset (a stream) shards and shuffles itself: no sampler; the
@@ -232,11 +272,7 @@ class StagedDataModule(pl.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if trainer is not None and callable(getattr(dataset, "set_epoch", None)):
             loader.epoch_of = lambda: trainer.current_epoch
-        if self._pending_state is not None:
-            loader.load_state_dict(self._pending_state)
-            self._pending_state = None
-        self._train_loader = loader
-        return loader
+        return self._resumed(loader)
 
     def val_dataloader(self) -> Any:
         return self._loader(self.val_dataset)
@@ -249,20 +285,26 @@ class StagedDataModule(pl.LightningDataModule):
 
     # -- resumable state -------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The training loader's position (batches the model received this epoch)."""
+        """The training loader's position (batches the model received this epoch) and,
+        for an elastic sampler or mix, every rank's elastic state (gathered from all
+        ranks under ``torch.distributed``: call it on every rank, as Lightning does)."""
         if self._train_loader is None:
             return {}
-        return {"train_loader": self._train_loader.state_dict()}
+        state: dict[str, Any] = {"train_loader": self._train_loader.state_dict()}
+        states = gather_states(self._train_loader)
+        if states is not None:
+            state["elastic"] = states
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Resume: the next training loader (or the current one) continues where it was."""
-        state = state_dict.get("train_loader")
-        if state is None:
+        """Resume: the next training loader (or the current one) continues where it was,
+        on the same or another number of ranks (docs/mixing.md)."""
+        if "train_loader" not in state_dict and "elastic" not in state_dict:
             return
         if self._train_loader is not None:
-            self._train_loader.load_state_dict(state)
+            self._apply(self._train_loader, state_dict)
         else:
-            self._pending_state = state
+            self._pending_state = dict(state_dict)
 
     def teardown(self, stage: str) -> None:
         if self._train_loader is not None and stage == "fit":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ._distributed import resolve_rank_and_world_size
+from ._ranks import resolve_rank_and_world_size
 
 __all__ = ["DistributedDeterministicSampler"]
 

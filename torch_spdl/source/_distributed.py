@@ -1,43 +1,23 @@
-"""DistributedRandomSampler: shard indices by rank, reshuffle every epoch."""
+"""DistributedRandomSampler: shard indices by rank, reshuffle every epoch.
+
+Its epoch is one permutation for ``(seed, epoch)``, the same at every world size, dealt
+to the ranks by :class:`~._elastic_sampler.ElasticSampler`: so a state saved at one world
+size resumes at another, with exactly the indices no rank delivered.
+"""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Sequence
+import hashlib
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-__all__ = ["DistributedRandomSampler", "detect_rank_and_world_size"]
+from ._elastic import identity
+from ._elastic_sampler import ElasticSampler
+from ._ranks import detect_rank_and_world_size, resolve_rank_and_world_size
 
-
-def detect_rank_and_world_size() -> tuple[int, int]:
-    """Rank and world size from ``torch.distributed`` if initialised, else ``RANK`` /
-    ``WORLD_SIZE`` (as set by torchrun and Lightning), else a single process."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
-def resolve_rank_and_world_size(
-    rank: int | None = None, world_size: int | None = None
-) -> tuple[int, int]:
-    """``rank`` and ``world_size`` where given, else detected; raises if they disagree.
-
-    Args:
-        rank: this process's rank, or None to detect it.
-        world_size: the number of ranks, or None to detect it.
-
-    Raises:
-        ValueError: when ``world_size < 1`` or ``rank`` is not in ``[0, world_size)``.
-    """
-    detected_rank, detected_world = detect_rank_and_world_size()
-    rank = detected_rank if rank is None else rank
-    world = detected_world if world_size is None else world_size
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"invalid rank {rank} for world_size {world}")
-    return rank, world
+__all__ = ["DistributedRandomSampler", "detect_rank_and_world_size", "resolve_rank_and_world_size"]
 
 
 class _Shuffle:
@@ -70,7 +50,7 @@ class _Shuffle:
         self._sampler._order_seed = seed
 
 
-class DistributedRandomSampler:
+class DistributedRandomSampler(ElasticSampler):
     """Yields this rank's share of ``range(n)`` in an order reshuffled every epoch.
 
     All ranks draw the same permutation (from ``seed + epoch``) and rank ``r`` takes every
@@ -80,6 +60,12 @@ class DistributedRandomSampler:
     samples are seen twice per epoch, as with torch's ``DistributedSampler``), and
     ``drop_last=True`` drops the tail so every rank yields ``n // world_size``.
     Call :meth:`set_epoch` before each epoch; ``shuffle=False`` keeps index order.
+
+    The permutation does not depend on the world size, so the state of every rank
+    (:meth:`ElasticSampler.state_dict`, or :func:`~torch_spdl.source.elastic_state` of a
+    ``torch_spdl.DataLoader``) resumes the epoch at any other world size: the samplers
+    that load the list of them (:meth:`ElasticSampler.load_state_dict`) yield exactly the
+    indices no rank delivered, each once (the padding aside), see docs/mixing.md.
 
     SPDL's signature works too: ``num_draws`` indices per epoch (across ranks) instead of
     ``n``, drawn with replacement in proportion to ``weights`` when given, and
@@ -116,14 +102,13 @@ class DistributedRandomSampler:
             raise ValueError(f"num_draws must be non-negative, got {num_draws}")
         if weights is not None and len(weights) != n:
             raise ValueError(f"weights must have one value per index ({n}), got {len(weights)}")
-        self.rank, self.world_size = resolve_rank_and_world_size(rank, world_size)
+        super().__init__(rank=rank, world_size=world_size, even_out=True, drop_last=drop_last)
         self.n = n
         self.seed = seed
-        self.drop_last = drop_last
         self._shuffle_flag = bool(shuffle)
         self.num_draws = n if num_draws is None else num_draws
         self.weights = None if weights is None else torch.as_tensor(weights, dtype=torch.double)
-        self.epoch = 0
+        self._weights_digest = "" if self.weights is None else _digest(self.weights)
         self._order_seed: int | None = None  # set by SPDL's shuffle(seed=)
 
     @property
@@ -137,16 +122,26 @@ class DistributedRandomSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Select the permutation of ``epoch`` for the next iteration."""
-        self.epoch = epoch
+        super().set_epoch(epoch)
         self._order_seed = None
 
-    def __len__(self) -> int:
-        if self.drop_last:
-            return self.num_draws // self.world_size
-        return -(-self.num_draws // self.world_size)
+    def _order_seed_now(self) -> int:
+        return self.seed + self.epoch if self._order_seed is None else self._order_seed
+
+    def _identity(self) -> dict[str, Any]:
+        config = f"n={self.n} shuffle={bool(self._shuffle_flag)} weights={self._weights_digest}"
+        return identity("permutation", self._order_seed_now(), self.epoch, self.num_draws, config)
+
+    def _adopt(self, order: dict[str, Any]) -> None:
+        super()._adopt(order)
+        seed = int(order["seed"])
+        self._order_seed = None if seed == self.seed + self.epoch else seed
+
+    def _global_order(self) -> list[int]:
+        return self._draw()
 
     def _draw(self) -> list[int]:
-        seed = self.seed + self.epoch if self._order_seed is None else self._order_seed
+        seed = self._order_seed_now()
         gen = torch.Generator().manual_seed(seed)
         if self.weights is not None:
             if self.num_draws == 0:
@@ -163,12 +158,6 @@ class DistributedRandomSampler:
             order = (order * reps)[: self.num_draws]
         return order
 
-    def __iter__(self) -> Iterator[int]:
-        order = self._draw()
-        total = len(self) * self.world_size
-        if total > len(order) and order:
-            reps = -(-total // len(order))
-            order = (order * reps)[:total]
-        else:
-            order = order[:total]
-        return iter(order[self.rank : total : self.world_size])
+
+def _digest(weights: torch.Tensor) -> str:
+    return hashlib.blake2b(weights.numpy().tobytes(), digest_size=8).hexdigest()
