@@ -1,5 +1,5 @@
-"""Print where torch_spdl breaks the house rules on size and naming, and the import cycles
-among the benchmark scripts (exit status 1 if there is any).
+"""Print where torch_spdl breaks the house rules on size and naming, and where the benchmark
+scripts do (exit status 1 if there is any).
 
 The rules keep every piece small enough for a reader to hold, and every name telling
 what it holds (issue 32's acceptance):
@@ -21,11 +21,15 @@ what it holds (issue 32's acceptance):
   top-level modules (``from _measure import ...``): a shared piece goes to a module below
   the scripts that use it. Only ``import`` statements count, wherever they stand; a
   module named in a string (``importlib.import_module("_cases")``, how ``_measure.py``
-  runs a case in a fresh process) is data, not an import.
+  runs a case in a fresh process) is data, not an import;
+- every file of ``benchmarks/`` opens with a module docstring, as the package's modules do;
+- the size limits above hold for ``benchmarks/`` too (:func:`benchmark_size_findings`).
+  Several scripts are over them today and are being split (issue 60, point 5), so this one
+  is printed only with ``--benchmark-sizes`` and does not set the exit status yet.
 
 The import graph of ``torch_spdl/`` itself is ``scripts/import_cycles.py``'s.
 
-Usage: python scripts/house_rules.py [repo_root]   (default: this checkout)
+Usage: python scripts/house_rules.py [--benchmark-sizes] [repo_root]   (default: this checkout)
 """
 
 from __future__ import annotations
@@ -151,7 +155,26 @@ def benchmark_cycles(folder: Path) -> list[str]:
     return [f"{folder}: import cycle among {', '.join(sorted(c))}" for c in cycles]
 
 
+def benchmark_docstrings(folder: Path) -> list[str]:
+    """The benchmark files that do not open with a module docstring, one line each."""
+    if not folder.is_dir():
+        return []
+    return [
+        f"{path}: no module docstring (say what it measures and why)"
+        for path in sorted(folder.glob("*.py"))
+        if ast.get_docstring(ast.parse(path.read_text(), str(path))) is None
+    ]
+
+
+def benchmark_size_findings(folder: Path) -> list[str]:
+    """The benchmark files, classes and functions over the package's size limits (the
+    same rules as :func:`size_findings`, on ``benchmarks/*.py``)."""
+    return size_findings(folder) if folder.is_dir() else []
+
+
 def main(argv: list[str]) -> int:
+    benchmark_sizes = "--benchmark-sizes" in argv
+    argv = [a for a in argv if a != "--benchmark-sizes"]
     root = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent
     os.chdir(root)  # paths in the findings are relative to the checkout
     root = Path(".")
@@ -159,8 +182,10 @@ def main(argv: list[str]) -> int:
         "over the size limits": size_findings(root / "torch_spdl"),
         "names one edit apart": close_names(root / "torch_spdl"),
         "benchmark import cycles": benchmark_cycles(root / "benchmarks"),
+        "benchmark files without a module docstring": benchmark_docstrings(root / "benchmarks"),
     }
-    for title, lines in found.items():
+    pending = {"benchmarks over the size limits": benchmark_size_findings(root / "benchmarks")}
+    for title, lines in (found | pending if benchmark_sizes else found).items():
         print(f"{len(lines)} {title}")
         for line in lines:
             print(f"  {line}")

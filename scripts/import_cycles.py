@@ -13,7 +13,12 @@ private module (or private subpackage) directly under ``torch_spdl/``, such as t
 wire ``torch_spdl/_procwire/``, belongs to the parent package, and ``torch_spdl.data`` and
 ``torch_spdl.pipeline`` may import it; a sibling package's private modules stay out of
 reach. Folders are layers, so they import one way too: with each folder
-counted as one node (and each module outside a folder as itself), the graph has no cycle.
+counted as one node (and each module outside a folder as itself), the graph has no cycle
+(``pipeline/``'s folders, ``data/``'s, the process wire and the Ray layer alike). And the
+files at the top of a package that has folders are its face, the last layer: no module in
+one of its folders imports them (``torch_spdl/data/_epoch/`` never imports
+``data/_dataloader.py``, nor ``data/__init__.py``), so a folder can be read, and tested,
+without the API built on it.
 
 Usage: python scripts/import_cycles.py [package_dir]   (default: torch_spdl/)
 """
@@ -144,6 +149,29 @@ def folder_graph(root: Path, graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return folders
 
 
+def face_imports(root: Path, graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """``(importer, imported)`` pairs where a module inside a private folder imports a module
+    at the top of the same package: the package's ``__init__`` or one of its files outside
+    every folder (its face, which sits on top of its folders)."""
+
+    def in_folder(module: str) -> bool:
+        parts = module.split(".")
+        return any(
+            part.startswith("_") and root.parent.joinpath(*parts[: i + 1]).is_dir()
+            for i, part in enumerate(parts[1:], 1)
+        )
+
+    found = []
+    for name, targets in graph.items():
+        if not in_folder(name):
+            continue
+        home = package_of(root, name)
+        for target in targets:
+            if package_of(root, target) == home and not in_folder(target):
+                found.append((name, target))
+    return sorted(found)
+
+
 def private_crossings(root: Path, graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     """``(importer, imported)`` pairs where a module imports a private module (a name with a
     leading underscore, or anything inside one) of a package other than its own or one of
@@ -179,11 +207,15 @@ def main(argv: list[str]) -> int:
     print(f"{len(cycles)} cycle(s)")
     folder_cycles = print_cycles(folder_graph(root.resolve(), graph), "folder cycle")
     print(f"{len(folder_cycles)} cycle(s) among folders")
+    upward = face_imports(root.resolve(), graph)
+    for importer, imported in upward:
+        print(f"a folder imports its package's face: {importer} -> {imported}")
+    print(f"{len(upward)} import(s) of a package's face from one of its folders")
     crossings = private_crossings(root.resolve(), graph)
     for importer, imported in crossings:
         print(f"private import across packages: {importer} -> {imported}")
     print(f"{len(crossings)} import(s) of another package's private module")
-    return 1 if cycles or folder_cycles or crossings else 0
+    return 1 if cycles or folder_cycles or upward or crossings else 0
 
 
 if __name__ == "__main__":

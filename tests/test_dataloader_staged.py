@@ -264,7 +264,7 @@ def test_recycled_batch_buffers_never_overwrite_a_batch_still_held(
 def test_a_worker_runs_loads_that_do_not_wait_inline() -> None:
     """The rule a worker applies after timing its first batches' loads: threads only where
     the loads waited (a read from a network file system), not where they computed."""
-    from torch_spdl.data._staged_batch import computes
+    from torch_spdl.data._loading.staged_batch import computes
 
     assert computes([(0.010, 0.009), (0.012, 0.010)])  # a decode in load, a cached file
     assert not computes([(0.005, 0.0002), (0.006, 0.0003)])  # 5 ms waits on storage

@@ -37,7 +37,7 @@ from torch.utils.data import Dataset
 
 from torch_spdl import DataLoader, PipelineBuilder
 from torch_spdl.data import WorkerFailure
-from torch_spdl.data._thread_or_process import Measurement, decide
+from torch_spdl.data._epoch.thread_or_process import Measurement, decide
 
 WORKER_TYPES = ["auto", "thread", "process"]
 
@@ -557,7 +557,7 @@ def test_workers_being_stopped_skip_the_batches_they_have_not_begun(tmp_path: An
     for batches nobody will read."""
     from torch.utils.data import default_collate
 
-    from torch_spdl.data._process_pool import ProcessWorkers
+    from torch_spdl.data._workers.process_pool import ProcessWorkers
 
     fork = multiprocessing.get_context("fork")
     entered, release, finished = fork.Event(), fork.Event(), fork.Event()

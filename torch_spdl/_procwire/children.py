@@ -14,7 +14,7 @@ code is kept, so the :class:`Child` still answers what torch's iterator shows of
 (``pid``, ``exitcode``, ``is_alive()``, ``join()``, ``terminate()``).
 
 :class:`Sender` writes to children's pipes on a thread of its own (the DataLoader's
-workers; the reason, measured, is in ``data/_process_pool.py``).
+workers; the reason, measured, is in ``data/_workers/process_pool.py``).
 """
 
 from __future__ import annotations

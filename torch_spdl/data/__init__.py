@@ -12,10 +12,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._dataloader import DataLoader
-from ._staged_dataset import Stage, StagedDataset
-from ._thread_or_process import WorkerChoice
-from ._worker_info import WorkerInfo, get_worker_info
-from ._worker_record import WorkerFailure
+from ._epoch.thread_or_process import WorkerChoice
+from ._loading.staged_dataset import Stage, StagedDataset
+from ._loading.worker_info import WorkerInfo, get_worker_info
+from ._workers.worker_record import WorkerFailure
 
 if TYPE_CHECKING:
     from ._pipeline_dataset import PipelineDataset

@@ -2,7 +2,7 @@
 
 The loader is torch's own class (its arguments, validation, ``len()``, ``sampler`` and
 ``batch_sampler`` are torch's), with ``__iter__`` replaced by an epoch
-(:class:`~torch_spdl.data._epoch.EpochIterator`) that keeps torch's contract by default:
+(:class:`~torch_spdl.data._epoch.epoch.EpochIterator`) that keeps torch's contract by default:
 ``__getitem__`` runs in ``num_workers`` forked worker processes seeded and fed as torch's
 (or inside ``next()`` with ``num_workers=0``), so batches are torch's for the same seed and
 the training process is left alone (docs/dataloader.md, "The contract"). What differs is
@@ -22,11 +22,11 @@ import torch
 from torch.utils.data import DataLoader as _TorchDataLoader
 from torch.utils.data import IterableDataset
 
-from ._epoch import EpochIterator, set_rng_state
-from ._epoch_plan import EpochPlan, LoaderResources, Loading
-from ._staged_dataset import StagedDataset
-from ._thread_or_process import WorkerChoice
-from ._worker_info import install_torch_worker_info
+from ._epoch.epoch import EpochIterator, set_rng_state
+from ._epoch.epoch_plan import EpochPlan, LoaderResources, Loading
+from ._epoch.thread_or_process import WorkerChoice
+from ._loading.staged_dataset import StagedDataset
+from ._loading.worker_info import install_torch_worker_info
 
 __all__ = ["DataLoader"]
 

@@ -7,15 +7,15 @@ their memory by it. Batches are large (a queue of the engine's default 64 held 6
 batches takes its share of that one total: the worker processes' arenas, the batches a
 loading thread is making, the queue before the failure budget, the sink, the consumer's
 own batch. :class:`BatchBudget` says how much each gets, so the shapes of
-``_epoch_shapes.py`` read the bounds rather than derive them again.
+``epoch_shapes.py`` read the bounds rather than derive them again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._epoch_plan import EpochPlan
-from ._stage_specs import bound
+from .epoch_plan import EpochPlan
+from .stage_specs import bound
 
 __all__ = ["BatchBudget"]
 

@@ -23,10 +23,10 @@ from typing import Any, Literal
 
 import torch
 
-from ._batch_workers import BatchWorkers
-from ._collate import RecyclingCollate
-from ._thread_or_process import WorkerChoice
-from ._worker_info import WorkerGroup
+from .._loading.batch_workers import BatchWorkers
+from .._loading.collate import RecyclingCollate
+from .._loading.worker_info import WorkerGroup
+from .thread_or_process import WorkerChoice
 
 __all__ = ["EpochPlan", "Loading", "LoaderResources", "warn_past_reported_length"]
 
@@ -65,7 +65,7 @@ class EpochPlan:
     ray_options: dict[str, Any]
     worker_init_fn: Callable[[int], None] | None
     per_worker_dataset: bool
-    #: added to a worker process's niceness once it computes (``_worker_priority``).
+    #: added to a worker process's niceness once it computes (``_workers.worker_priority``).
     worker_nice: int
     persistent_workers: bool
     multiprocessing_context: Any

@@ -6,7 +6,7 @@ information set, so that a dataset can shard itself (``files[info.id::info.num_w
 each worker batches its own samples (``drop_last`` applies per worker), and the loader
 takes the batches round-robin across workers, skipping a worker once its iterator ends.
 Here the workers are threads (each with a shallow copy of the dataset, its worker id,
-seed and ``worker_init_fn``, see :class:`~torch_spdl.data._worker_info.WorkerGroup`), each
+seed and ``worker_init_fn``, see :class:`~torch_spdl.data._loading.worker_info.WorkerGroup`), each
 filling a small queue; :meth:`IterableThreads.batches` yields in the same round-robin order
 (``in_order=True``) or as batches come (``in_order=False``).
 
@@ -27,9 +27,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .._procwire import RoundRobin
-from ._sample_ops import BatchError
-from ._worker_info import WorkerGroup
+from ..._procwire import RoundRobin
+from .._loading.sample_ops import BatchError
+from .._loading.worker_info import WorkerGroup
 
 __all__ = ["IterableThreads"]
 

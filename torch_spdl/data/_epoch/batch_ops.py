@@ -17,11 +17,11 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ._batch_workers import BatchWorkers
-from ._fetch import Fetched, fetch_batch
-from ._sample_ops import BatchError, SkipBudget, Slot, settle
-from ._thread_or_process import Probe, SwitchGate, WorkerChoice, clock, decide
-from ._worker_info import WorkerGroup, single_threaded_ops
+from .._loading.batch_workers import BatchWorkers
+from .._loading.fetch import Fetched, fetch_batch
+from .._loading.sample_ops import BatchError, SkipBudget, Slot, settle
+from .._loading.worker_info import WorkerGroup, single_threaded_ops
+from .thread_or_process import Probe, SwitchGate, WorkerChoice, clock, decide
 
 __all__ = [
     "LoadInThreads",

@@ -3,7 +3,7 @@
 As under torch, each worker process holds its own copy of the dataset (inherited by the
 fork) with its worker information set, so that the dataset can shard itself; it draws its
 own batches, collates them itself and hands them back through shared memory
-(:mod:`._process_pool`). Here the loader asks each worker for a batch at a time, keeping
+(:mod:`.process_pool`). Here the loader asks each worker for a batch at a time, keeping
 ``prefetch`` requests outstanding per worker, and takes the answers round-robin across the
 workers (the process wire's ``RoundRobin``), skipping a worker once its iterator has ended
 (``in_order=True``, torch's order), or as they come (``in_order=False``).
@@ -13,7 +13,7 @@ torch, and the worker goes on with its iterator. A worker that dies ends the epo
 error naming it.
 
 In torch's order the calling thread can do all of it inside ``next()`` (:func:`caller_feed`),
-as torch's loader does and as the map-style default does (``_caller.py``): no pipeline, no
+as torch's loader does and as the map-style default does (``_epoch/caller.py``): no pipeline, no
 receiver thread waking while the training step runs.
 
 A *stateful* dataset (one with ``state_dict`` / ``load_state_dict``, such as
@@ -32,10 +32,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from typing import Any, cast
 
-from .._procwire import RoundRobin
-from ._batch_workers import BatchWorkers, Pending
-from ._fetch import Fetched
-from ._sample_ops import BatchError
+from ..._procwire import RoundRobin
+from .._loading.batch_workers import BatchWorkers, Pending
+from .._loading.fetch import Fetched
+from .._loading.sample_ops import BatchError
 
 __all__ = ["WorkerStates", "caller_feed", "process_batches"]
 

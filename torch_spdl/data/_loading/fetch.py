@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ._staged_batch import StageFailed
-from ._worker_info import hidden_worker_info
+from .staged_batch import StageFailed
+from .worker_info import hidden_worker_info
 
 __all__ = ["Fetched", "IterableFetcher", "fetch_batch", "is_stateful"]
 

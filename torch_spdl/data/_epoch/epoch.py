@@ -1,15 +1,15 @@
 """One epoch of a DataLoader: makes its batches, tracks what was delivered.
 
-The loader hands the epoch an :class:`~._epoch_plan.EpochPlan` (its settings, frozen) and
-its :class:`~._epoch_plan.LoaderResources` (what outlives the epoch). The batches come
-either from ``next()`` itself (:mod:`._caller`: torch's default shapes, worker processes
+The loader hands the epoch an :class:`~.epoch_plan.EpochPlan` (its settings, frozen) and
+its :class:`~.epoch_plan.LoaderResources` (what outlives the epoch). The batches come
+either from ``next()`` itself (:mod:`.caller`: torch's default shapes, worker processes
 fed and read by the calling thread, or loading inline with ``num_workers=0``) or from a
-pipeline declared by :class:`~._epoch_pipeline.EpochParts` (a staged dataset, worker
+pipeline declared by :class:`~.epoch_pipeline.EpochParts` (a staged dataset, worker
 threads, ``in_order=False``, pinning or moving batches). Here: the epoch's random draws,
 the batches it delivered (for ``state_dict``), the errors it raises, and its end. Either
 way the epoch holds one owner of every wait of the epoch outside the engine (batch
 tokens, worker threads and processes): the pipeline, or where ``next()`` makes the
-batches, an :class:`~._idle_run.IdleRun` (owning the worker processes the caller feeds,
+batches, an :class:`~.idle_run.IdleRun` (owning the worker processes the caller feeds,
 if any). Ending the epoch is stopping it.
 """
 
@@ -21,22 +21,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..pipeline import PipelineFailure
-from ._batch_ops import batch_tasks
-from ._batch_transfer import BatchMover
-from ._caller import CallerLoading, Feed, WorkerFeed, inline_iterable, inline_map
-from ._epoch_pipeline import EpochParts
-from ._epoch_plan import EpochPlan, LoaderResources, warn_past_reported_length
-from ._fetch import is_stateful
-from ._idle_run import IdleRun
-from ._iterable_processes import WorkerStates, caller_feed
-from ._libc import trim
-from ._sample_ops import BatchError, SkipBudget
-from ._thread_or_process import SwitchGate, WorkerChoice, decide
+from ...pipeline import PipelineFailure
+from .._loading.fetch import is_stateful
+from .._loading.sample_ops import BatchError, SkipBudget
+from .._workers.iterable_processes import WorkerStates, caller_feed
+from .._workers.libc import trim
+from .batch_ops import batch_tasks
+from .batch_transfer import BatchMover
+from .caller import CallerLoading, Feed, WorkerFeed, inline_iterable, inline_map
+from .epoch_pipeline import EpochParts
+from .epoch_plan import EpochPlan, LoaderResources, warn_past_reported_length
+from .idle_run import IdleRun
+from .thread_or_process import SwitchGate, WorkerChoice, decide
 
 if TYPE_CHECKING:
-    from ..pipeline import Pipeline
-    from ._epoch_shapes import Batches
+    from ...pipeline import Pipeline
+    from .epoch_shapes import Batches
 
 __all__ = ["EpochIterator", "rng_state", "set_rng_state"]
 
@@ -86,7 +86,7 @@ class EpochIterator:
         self._rng_state = rng_state(gen)
         self._watermark: int = resume["delivered"] if resume else 0  # batches [0, w) delivered
         self._extra: set[int] = set(resume["extra"]) if resume else set()
-        # A stateful IterableDataset's own position (``_fetch.is_stateful``): in this
+        # A stateful IterableDataset's own position (``_loading.fetch.is_stateful``): in this
         # process (no workers), or as each worker process last reported it.
         self._stateful = not self._map_style and is_stateful(plan.dataset)
         self._worker_states = WorkerStates()
@@ -354,7 +354,7 @@ class EpochIterator:
 
 def _fed_by_caller(plan: EpochPlan) -> bool:
     """Whether ``next()`` sends and reads the worker processes' batches itself, as
-    torch's does (``_caller.py``): plain worker processes, batches in order, nothing to
+    torch's does (``caller.py``): plain worker processes, batches in order, nothing to
     pin or move (torch pins on a thread of its own; so does the pipeline)."""
     if plan.map_style:
         loading = plan.loading
@@ -388,7 +388,7 @@ def _inline_feed(
 
 
 def _caller_loading(plan: EpochPlan, skips: SkipBudget, feed: Feed) -> CallerLoading:
-    """Batches made inside ``next()``, driven by the caller's thread (``_caller.py``)."""
+    """Batches made inside ``next()``, driven by the caller's thread (``caller.py``)."""
     return CallerLoading(
         feed,
         skips,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from ..pipeline import OwnedParts, StageStats, StoppablePart
+from ...pipeline import OwnedParts, StageStats, StoppablePart
 
 __all__ = ["IdleRun"]
 

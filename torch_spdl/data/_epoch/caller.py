@@ -29,11 +29,11 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._batch_ops import SettleBatch
-from ._batch_transfer import BatchMover
-from ._batch_workers import BatchWorkers, Pending
-from ._fetch import IterableFetcher, fetch_batch
-from ._sample_ops import BatchError, SkipBudget
+from .._loading.batch_workers import BatchWorkers, Pending
+from .._loading.fetch import IterableFetcher, fetch_batch
+from .._loading.sample_ops import BatchError, SkipBudget
+from .batch_ops import SettleBatch
+from .batch_transfer import BatchMover
 
 __all__ = ["CallerLoading", "Feed", "WorkerFeed", "inline_iterable", "inline_map"]
 

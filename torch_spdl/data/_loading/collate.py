@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import collate, collate_tensor_fn, default_collate_fn_map
 
-from ..io import BufferPool
+from ...io import BufferPool
 
 __all__ = ["MIN_POOLED_BYTES", "PlacingCollate", "RecyclingCollate", "TensorPool"]
 

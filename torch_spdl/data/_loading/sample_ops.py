@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ._worker_info import WorkerGroup, hidden_worker_info, single_threaded_ops
+from .worker_info import WorkerGroup, hidden_worker_info, single_threaded_ops
 
 __all__ = [
     "BatchError",

@@ -1,16 +1,16 @@
 """Which shape an epoch's pipeline takes, and what the epoch keeps of it.
 
-:class:`EpochParts` turns an :class:`~._epoch_plan.EpochPlan` into a pipeline
+:class:`EpochParts` turns an :class:`~.epoch_plan.EpochPlan` into a pipeline
 declaration: it reads the plan's ``loading`` once, picks the one function of
-``_epoch_shapes.py`` that declares that shape, and hands it the epoch's one
-:class:`~._batch_budget.BatchBudget`. Every wait outside the engine (batch tokens, worker
+``epoch_shapes.py`` that declares that shape, and hands it the epoch's one
+:class:`~.batch_budget.BatchBudget`. Every wait outside the engine (batch tokens, worker
 threads or processes) is registered with the pipeline declared, which shuts it down as it
 stops: the epoch only stops its pipeline. Kept across the epoch's pipelines (one, or two
 when ``worker_type="auto"`` switches): the worker processes batches come from (the epoch
 names them, and tells them which batches were delivered), the probe of
 ``worker_type="auto"``, and the ``"auto"`` stages of the last declaration (where they
 settled is kept for the next epoch). What outlives the epoch it asks of the loader's
-:class:`~._epoch_plan.LoaderResources`. The epoch (``_epoch.py``) consumes the pipeline.
+:class:`~.epoch_plan.LoaderResources`. The epoch (``epoch.py``) consumes the pipeline.
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..pipeline import StageStats, StoppablePart
-from ._batch_budget import BatchBudget
-from ._batch_workers import BatchWorkers
-from ._epoch_executors import EpochExecutors
-from ._epoch_plan import EpochPlan, LoaderResources, Loading
-from ._idle_run import IdleRun
-from ._sample_ops import SkipBudget
-from ._stage_specs import AutoStages, split_point
-from ._staged_batch import staged_steps
-from ._thread_or_process import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice
+from ...pipeline import StageStats, StoppablePart
+from .._loading.batch_workers import BatchWorkers
+from .._loading.sample_ops import SkipBudget
+from .._loading.staged_batch import staged_steps
+from .batch_budget import BatchBudget
+from .epoch_executors import EpochExecutors
+from .epoch_plan import EpochPlan, LoaderResources, Loading
+from .idle_run import IdleRun
+from .stage_specs import AutoStages, split_point
+from .thread_or_process import WINDOW_BATCHES, Probe, SwitchGate, WorkerChoice
 
 if TYPE_CHECKING:
-    from ..pipeline import PipelineBuilder
-    from ._epoch_shapes import Batches, Declaring
+    from ...pipeline import PipelineBuilder
+    from .epoch_shapes import Batches, Declaring
 
 __all__ = ["EpochParts"]
 
@@ -74,7 +74,7 @@ class EpochParts:
 
     def build_iterable(self, done: int) -> PipelineBuilder[Any, Any]:
         """An iterable dataset's epoch, skipping the ``done`` batches delivered before."""
-        from ._epoch_shapes import iterable_shape  # declaring loads the engine: see _declaring
+        from .epoch_shapes import iterable_shape  # declaring loads the engine: see _declaring
 
         plan = self._plan
         with_processes = plan.worker_type in ("process", "ray") and self._executors.any
@@ -86,7 +86,7 @@ class EpochParts:
     ) -> PipelineBuilder[Any, Any]:
         """The pipeline of a map-style epoch for ``loading`` over ``batches``, when
         batches ``[0, done)`` and ``extra`` were delivered."""
-        from ._epoch_shapes import batch_shape, inline_shape, process_shape, sample_shape
+        from .epoch_shapes import batch_shape, inline_shape, process_shape, sample_shape
 
         plan = self._plan
         d = self._declaring(done, extra)
@@ -111,7 +111,7 @@ class EpochParts:
 
     def build_caller(self) -> tuple[BatchWorkers, IdleRun]:
         """The worker processes of an epoch whose batches the calling thread sends and
-        reads itself (``_caller.WorkerFeed``), and their owner: stopping it shuts them
+        reads itself (``caller.WorkerFeed``), and their owner: stopping it shuts them
         down, as stopping a pipeline shuts down those it runs with. The caller forks them
         (``ProcessWorkers.start``): from its frame, the workers inherit a stack as short
         as torch's workers do (why that matters: ``ProcessWorkers.start``)."""
@@ -124,10 +124,10 @@ class EpochParts:
 
     def _declaring(self, done: int, extra: set[int]) -> Declaring:
         """What the shapes read for one declaration (``extra``: copied, as delivering
-        batches changes the live set). ``_epoch_shapes`` is imported here and by the two
+        batches changes the live set). ``epoch_shapes`` is imported here and by the two
         ``build_`` methods, not with this module: it declares pipelines, which loads the
         engine, and the epochs that ``next()`` drives (torch's default shape) never do."""
-        from ._epoch_shapes import Declaring
+        from .epoch_shapes import Declaring
 
         self._auto = AutoStages(self._resources)
         return Declaring(

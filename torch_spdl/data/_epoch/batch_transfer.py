@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from ..io import transfer_tensor
+from ...io import transfer_tensor
 
 __all__ = ["BatchMover"]
 

@@ -4,7 +4,7 @@ shared memory that is made once and reused, and handed to the training loop with
 torch's worker processes move every tensor of every batch into a new shared-memory segment
 and pass its file descriptor through a helper thread: a new mapping, fresh pages and a
 descriptor hand-off per tensor per batch. Here the loader owns a few *arenas*, one per batch
-that may exist at once (``_arena_leases``); an arena is an anonymous shared file (``memfd``) that
+that may exist at once (``arena_leases``); an arena is an anonymous shared file (``memfd``) that
 the loader and every worker have mapped since the fork. The worker pickles the batch with
 every tensor replaced by a reference to where it copied the tensor's bytes in the arena; the
 loader unpickles it into tensors that *view* the arena, so the batch exists once, in shared

@@ -1,6 +1,6 @@
 """What runs in a DataLoader worker process, and the messages between it and the loader.
 
-:mod:`._process_pool` (the loader's side) forks the workers; each runs :func:`worker_main`:
+:mod:`.process_pool` (the loader's side) forks the workers; each runs :func:`worker_main`:
 it takes tasks from its pipe (:class:`LoadBatch`: a batch of indices, or of values the
 first stages made on threads; :class:`NextBatch`: an iterable dataset's next batch; the
 wire's ``Stop``), loads and collates the batch, writes it into a shared-memory arena and
@@ -23,15 +23,15 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import Any, NamedTuple
 
-from .._procwire import PortableError, Stop, receive, send
-from ._arena_leases import NO_ARENA
-from ._collate import PlacingCollate, is_default_collate
-from ._fetch import Fetched, IterableFetcher, fetch_batch
-from ._libc import return_large_blocks
-from ._shared_batch import Arena, BatchSpace, dump_batch
-from ._staged_batch import StagedBatch
-from ._worker_info import install_torch_worker_info, set_process_worker_info
-from ._worker_priority import Priority
+from ..._procwire import PortableError, Stop, receive, send
+from .._loading.collate import PlacingCollate, is_default_collate
+from .._loading.fetch import Fetched, IterableFetcher, fetch_batch
+from .._loading.staged_batch import StagedBatch
+from .._loading.worker_info import install_torch_worker_info, set_process_worker_info
+from .arena_leases import NO_ARENA
+from .libc import return_large_blocks
+from .shared_batch import Arena, BatchSpace, dump_batch
+from .worker_priority import Priority
 
 __all__ = [
     "BatchWritten",
@@ -225,7 +225,8 @@ def _become_worker(
     """Become worker ``wid`` of the loader (seeded, ``get_worker_info()`` set,
     ``worker_init_fn`` run; on its failure, report it and exit); what the loop needs of
     ``config``: the dataset, ``collate_fn``, auto-collation, the iterable's batching, the
-    worker's priority and a staged dataset's batches (run here, :mod:`._staged_batch`)."""
+    worker's priority and a staged dataset's batches (run here,
+    ``_loading/staged_batch.py``)."""
     for conn in others:
         conn.close()
     # The parent's objects are never collected here: no finalizer of theirs runs in the

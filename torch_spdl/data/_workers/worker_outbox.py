@@ -25,7 +25,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .._procwire import Sender, Stop, dumps
+from ..._procwire import Sender, Stop, dumps
 
 __all__ = ["Outbox"]
 

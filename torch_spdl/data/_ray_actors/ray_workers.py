@@ -1,12 +1,13 @@
 """DataLoader workers that are Ray actors (``worker_type="ray"``): the loader's side.
 
-:class:`RayWorkers` stands where :class:`~._process_pool.ProcessWorkers` stands (the
-same calls: ``submit``, ``next_batch``, ``result``, ``cancel_pending``, ``shutdown``), so
-every loading shape that feeds worker processes feeds Ray actors unchanged: batch ``b``
-goes to worker ``b % num_workers``, at most ``prefetch_factor * num_workers`` batches are
-in flight (the trainer sends the next one only as it takes one: a slow trainer never
-fills the object store), and the batches come back in torch's order. What runs in an
-actor is :mod:`._ray_actor`.
+:class:`RayWorkers` stands where
+:class:`~torch_spdl.data._workers.process_pool.ProcessWorkers` stands (the same calls:
+``submit``, ``next_batch``, ``result``, ``cancel_pending``, ``shutdown``), so every
+loading shape that feeds worker processes feeds Ray actors unchanged: batch ``b`` goes to
+worker ``b % num_workers``, at most ``prefetch_factor * num_workers`` batches are in
+flight (the trainer sends the next one only as it takes one: a slow trainer never fills
+the object store), and the batches come back in torch's order. What runs in an
+actor is :mod:`.ray_actor`.
 
 **The dataset crosses once.** The dataset, ``collate_fn`` and ``worker_init_fn`` are
 pickled together (cloudpickle) and put in the object store once; every actor reads that
@@ -40,9 +41,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._ray import ActorSet, ReplacementsExhausted, connect, unpack
-from ._fetch import Fetched
-from ._ray_actor import LoaderActor, Reply, RngState
+from ..._ray import ActorSet, ReplacementsExhausted, connect, unpack
+from .._loading.fetch import Fetched
+from .ray_actor import LoaderActor, Reply, RngState
 
 __all__ = ["RayWorkers", "WHO"]
 

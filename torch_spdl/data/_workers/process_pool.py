@@ -6,8 +6,8 @@ parallel, but a process boundary per *sample* costs hundreds of microseconds and
 each way. So a worker here does what torch's worker does: it takes a batch of indices (or,
 after a staged dataset's I/O stage ran on threads, a batch of loaded values), runs
 ``__getitem__`` (or ``__getitems__``, or the remaining stages) on each, collates the batch
-itself and hands it back through a shared-memory arena (:mod:`._shared_batch`), which the
-batch then views until it is freed (:mod:`._arena_leases`). Only the indices and the batch's
+itself and hands it back through a shared-memory arena (:mod:`.shared_batch`), which the
+batch then views until it is freed (:mod:`.arena_leases`). Only the indices and the batch's
 small metadata are pickled.
 
 Batch ``b`` goes to worker ``b % num_workers`` and each worker runs its batches in order, as
@@ -19,7 +19,7 @@ pickled; they are forked when the pool's owner starts it (:meth:`ProcessWorkers.
 from as few frames as it can: why there), by the thread that iterates the loader, before
 the epoch's pipeline starts any thread. A fork copies only the calling thread, and the
 child runs nothing but the dataset, the collate function and the loop of
-:mod:`._process_child`, so a lock held by another thread at that moment (one of another
+:mod:`.process_child`, so a lock held by another thread at that moment (one of another
 pipeline's, say) is never needed in the child. Each child closes the pipes of its siblings,
 so that its parent's death reaches it as the end of its pipe; the arenas are the loader's
 and any worker may write a batch into any of them.
@@ -34,7 +34,7 @@ batch (:meth:`ProcessWorkers.result`), as torch's loader reads its workers' resu
 training step that runs meanwhile (measured on 2 cores with a small CNN training on 256 path
 strings a batch: 24k samples/s with the receiving and settling threads, 28k without them).
 
-Tasks go the other way as :mod:`._worker_outbox` sends them: through one sender thread
+Tasks go the other way as :mod:`.worker_outbox` sends them: through one sender thread
 (why, measured, is there), a worker's first task straight away. Once an epoch's pool has
 sent its last batch (:meth:`ProcessWorkers.no_more_tasks`), each worker is told to exit
 once it is done, so that its exit (unmapping all it shared with the loader's process,
@@ -52,10 +52,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from .._procwire import Child, Watch, dumps, receive
-from ._arena_leases import NO_ARENA, ArenaLeases
-from ._fetch import Fetched
-from ._process_child import (
+from ..._procwire import Child, Watch, dumps, receive
+from .._loading.fetch import Fetched
+from .arena_leases import NO_ARENA, ArenaLeases
+from .process_child import (
     BatchWithErrors,
     CancelledTasks,
     Exhausted,
@@ -67,15 +67,15 @@ from ._process_child import (
     import_what_workers_import,
     worker_main,
 )
-from ._shared_batch import Arena, load_batch
-from ._worker_outbox import Outbox
-from ._worker_record import WorkerRecord, died
+from .shared_batch import Arena, load_batch
+from .worker_outbox import Outbox
+from .worker_record import WorkerRecord, died
 
 __all__ = ["ProcessWorkers"]
 
 _GRACE_S = 0.5  # how long a worker that was told to stop may take before it is killed
 _HELD_BATCHES = 2  # arenas beyond the bound for the batches the training loop holds
-_WARM_ARENAS = 1  # arenas that keep their pages between batches (see _arena_leases)
+_WARM_ARENAS = 1  # arenas that keep their pages between batches (see arena_leases)
 _WARM_BYTES = 4 << 20  # ...and only an arena of at most this size (a batch torch would not hold)
 
 
@@ -96,9 +96,9 @@ class ProcessWorkers:
         receiver: read results on a receiver thread (for a pipeline); False: in the thread
             that calls :meth:`result`, which then never blocks on a free arena either.
         nice: added to a worker's niceness once a batch shows it computes (when and why:
-            :mod:`._worker_priority`).
+            :mod:`.worker_priority`).
         io_threads: a staged dataset's ``io`` stages run this many samples at once in each
-            worker (:mod:`._staged_batch`).
+            worker (:mod:`torch_spdl.data._loading.staged_batch`).
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """Which worker arena holds which batch, and when an arena is free again.
 
 A batch from a worker process reaches the training loop without a copy: its tensors view the
-shared arena the worker wrote them into (``_shared_batch``). The arena is therefore busy
+shared arena the worker wrote them into (``shared_batch``). The arena is therefore busy
 from the moment a batch is sent to a worker until the last tensor viewing it is freed, which
 may be long after the loop moved on (a tensor kept in a list of outputs). ``ArenaLeases``
 keeps that account for all the workers of a loader together:

@@ -1,7 +1,7 @@
 """One worker process as the loader's process knows it: its two pipes, its child process,
 and the error its unexpected exit becomes.
 
-Apart from :mod:`._process_pool`, which runs the pool, because the record outlives the
+Apart from :mod:`.process_pool`, which runs the pool, because the record outlives the
 process it names: a dead worker's record still answers which batches it held and, with
 :func:`died`, how it ended, in torch's words (scripts match them).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 
-from .._procwire import Child
+from ..._procwire import Child
 
 __all__ = ["WorkerFailure", "WorkerRecord", "died"]
 

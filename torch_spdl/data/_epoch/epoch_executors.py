@@ -1,7 +1,7 @@
 """Who runs an epoch's work: its worker threads (with their ids) and worker processes.
 
 With ``persistent_workers=True`` they are the loader's, asked of its
-:class:`~._epoch_plan.LoaderResources` (and outlive the epoch); otherwise this epoch's
+:class:`~.epoch_plan.LoaderResources` (and outlive the epoch); otherwise this epoch's
 own, stopped with it. Either way worker processes come with the part that the epoch's
 pipeline shuts down as it stops (``PipelineBuilder.add_stoppable``): this epoch's own
 processes themselves, or for persistent ones the epoch's pending batches, whose waiting
@@ -13,13 +13,13 @@ from __future__ import annotations
 import functools
 from concurrent.futures import Executor
 
-from ..pipeline import StoppablePart
-from ._batch_budget import BatchBudget
-from ._batch_workers import BatchWorkers
-from ._epoch_plan import EpochPlan, LoaderResources
-from ._process_pool import ProcessWorkers
-from ._stage_specs import stage_fns
-from ._worker_info import WorkerGroup
+from ...pipeline import StoppablePart
+from .._loading.batch_workers import BatchWorkers
+from .._loading.worker_info import WorkerGroup
+from .._workers.process_pool import ProcessWorkers
+from .batch_budget import BatchBudget
+from .epoch_plan import EpochPlan, LoaderResources
+from .stage_specs import stage_fns
 
 __all__ = ["EpochExecutors"]
 
@@ -111,7 +111,7 @@ class EpochExecutors:
             else (plan.batch_size if plan.auto_collation else None, plan.drop_last)
         )
         if plan.worker_type == "ray":
-            from ._ray_workers import RayWorkers  # imports Ray: only when asked for
+            from .._ray_actors.ray_workers import RayWorkers  # imports Ray: only when asked for
 
             return RayWorkers(
                 plan.dataset,

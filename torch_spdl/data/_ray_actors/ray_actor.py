@@ -4,12 +4,12 @@ A :class:`LoaderActor` is one of torch's worker processes, placed by Ray anywher
 cluster: it is worker ``wid`` of ``num_workers``, seeded as torch seeds its workers
 (``random`` and torch with ``base_seed + wid``, NumPy from both), ``get_worker_info()``
 answers in it (torch's and ours), ``worker_init_fn`` runs in it once, and it loads and
-collates whole batches as torch's worker does (``_fetch.fetch_batch``, or an
+collates whole batches as torch's worker does (``_loading.fetch.fetch_batch``, or an
 ``IterableDataset``'s next batch). Ray runs an actor's calls one at a time, in the order
 one caller made them, so its batches are made in torch's order and its random draws are
 those of torch's worker ``wid``.
 
-Two things are added for the loader's side (``_ray_workers``):
+Two things are added for the loader's side (``ray_workers``):
 
 - Each reply carries the state of the actor's global RNGs (``random``, NumPy's, torch's)
   after the batch. When the actor dies, a replacement seeded the same way restores the
@@ -18,7 +18,7 @@ Two things are added for the loader's side (``_ray_workers``):
   comes from those RNGs (torchvision's transforms, ``random``, ``np.random``), which is
   torch's contract for reproducible workers anyway.
 - A :class:`~torch_spdl.data.StagedDataset` runs its stages here, per batch, as in a
-  worker process (:mod:`._staged_batch`): ``io`` stages on the actor's threads
+  worker process (``_loading/staged_batch.py``): ``io`` stages on the actor's threads
   (``io_threads`` samples at once), ``cpu`` stages one sample after another on the
   actor's thread, so their random draws keep torch's order.
 
@@ -37,11 +37,11 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .._procwire import PortableError
-from .._ray import pack
-from ._fetch import Fetched, IterableFetcher, fetch_batch
-from ._staged_batch import StagedBatch
-from ._worker_info import install_torch_worker_info, set_process_worker_info
+from ..._procwire import PortableError
+from ..._ray import pack
+from .._loading.fetch import Fetched, IterableFetcher, fetch_batch
+from .._loading.staged_batch import StagedBatch
+from .._loading.worker_info import install_torch_worker_info, set_process_worker_info
 
 __all__ = ["LoaderActor", "Reply", "RngState", "SampleFailure"]
 

@@ -1,7 +1,7 @@
 """The shapes an epoch's pipeline takes, each one function from the plan to a declaration.
 
 A DataLoader epoch loads in one of a few shapes, chosen once from its plan (by
-:class:`~._epoch_pipeline.EpochParts`):
+:class:`~.epoch_pipeline.EpochParts`):
 
 - :func:`inline_shape`: no workers, on one background thread: every sample of a batch
   loaded, rebatched and collated on the source's thread;
@@ -15,13 +15,13 @@ A DataLoader epoch loads in one of a few shapes, chosen once from its plan (by
   batches (threads or processes).
 
 Each reads what it needs from one :class:`Declaring` and its bounds from the epoch's one
-:class:`~._batch_budget.BatchBudget`, and registers what its stages wait on outside the
+:class:`~.batch_budget.BatchBudget`, and registers what its stages wait on outside the
 engine (the batch tokens, worker threads or processes) with the pipeline it declares
 (``PipelineBuilder.add_stoppable``): the pipeline shuts them down as it stops.
 
 Every stage declared with ``"auto"`` concurrency gets an id here (its stage name:
 ``"collate"``, ``"load"``, ...); where the autotuner left it is recorded under that id so
-that the next epoch starts it there (:class:`~._stage_specs.AutoStages`).
+that the next epoch starts it there (:class:`~.stage_specs.AutoStages`).
 """
 
 from __future__ import annotations
@@ -32,17 +32,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..pipeline import PipelineBuilder, StoppablePart
-from ._batch_budget import BatchBudget
-from ._batch_ops import LoadInThreads, SendToWorkers, SettleBatch, receive_from_workers
-from ._batch_transfer import BatchMover
-from ._batch_workers import BatchWorkers
-from ._collate import is_default_collate
-from ._epoch_executors import EpochExecutors
-from ._epoch_plan import EpochPlan, LoaderResources
-from ._iterable_processes import process_batches
-from ._iterable_threads import IterableThreads
-from ._sample_ops import (
+from ...pipeline import PipelineBuilder, StoppablePart
+from .._loading.batch_workers import BatchWorkers
+from .._loading.collate import is_default_collate
+from .._loading.sample_ops import (
     CollateOrError,
     Rebatch,
     RebatchCollate,
@@ -52,8 +45,15 @@ from ._sample_ops import (
     Tokens,
     load_inline,
 )
-from ._stage_specs import AutoStages, StageSpec, bound, stage_specs
-from ._thread_or_process import Probe, SwitchGate, WorkerChoice
+from .._workers.iterable_processes import process_batches
+from .._workers.iterable_threads import IterableThreads
+from .batch_budget import BatchBudget
+from .batch_ops import LoadInThreads, SendToWorkers, SettleBatch, receive_from_workers
+from .batch_transfer import BatchMover
+from .epoch_executors import EpochExecutors
+from .epoch_plan import EpochPlan, LoaderResources
+from .stage_specs import AutoStages, StageSpec, bound, stage_specs
+from .thread_or_process import Probe, SwitchGate, WorkerChoice
 
 __all__ = [
     "Batches",
@@ -198,7 +198,7 @@ def process_shape(
 def iterable_shape(d: Declaring, processes: tuple[BatchWorkers, StoppablePart] | None) -> Builder:
     """An ``IterableDataset``'s epoch, past the ``d.done`` batches delivered before:
     its samples read here and batched in the pipeline (as torch batches them in one
-    process), or its workers' own batches, round-robin (``_iterable_threads``), from
+    process), or its workers' own batches, round-robin (``_workers.iterable_threads``), from
     threads or from ``processes`` (which collated them too)."""
     plan = d.plan
     builder = Builder()

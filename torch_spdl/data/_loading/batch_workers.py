@@ -1,5 +1,5 @@
 """What an epoch asks of the workers that load whole batches: local worker processes
-(:mod:`._process_pool`, the default) or Ray actors (:mod:`._ray_workers`).
+(``_workers/process_pool.py``, the default) or Ray actors (``_ray_actors/ray_workers.py``).
 
 Both keep torch's worker contract (ids, seeds, ``worker_init_fn``, batch ``b`` to worker
 ``b % num_workers``, each worker's batches in order), so every loading shape that feeds
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from ._fetch import Fetched
+from .fetch import Fetched
 
 __all__ = ["BatchWorkers", "Pending"]
 

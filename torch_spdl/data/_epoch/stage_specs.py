@@ -16,12 +16,12 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
-from ..pipeline import StageStats
-from ._epoch_plan import Concurrency, EpochPlan, LoaderResources
-from ._sample_ops import stage_op
-from ._staged_dataset import Stage, StagedDataset, StageKind
-from ._thread_or_process import usable_cores
-from ._worker_info import WorkerGroup
+from ...pipeline import StageStats
+from .._loading.sample_ops import stage_op
+from .._loading.staged_dataset import Stage, StagedDataset, StageKind
+from .._loading.worker_info import WorkerGroup
+from .epoch_plan import Concurrency, EpochPlan, LoaderResources
+from .thread_or_process import usable_cores
 
 __all__ = ["AutoStages", "StageSpec", "bound", "split_point", "stage_fns", "stage_specs"]
 

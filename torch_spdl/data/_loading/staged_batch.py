@@ -59,7 +59,7 @@ class StageFailed:
 def staged_steps(dataset: Any) -> tuple[list[Step], list[Step]] | None:
     """A staged dataset's ``(io, cpu)`` stages as ``(name, fn)``, or None: not a staged
     dataset, no ``io`` stage, or one after a ``cpu`` stage (run as ``__getitem__``)."""
-    from ._staged_dataset import StagedDataset
+    from .staged_dataset import StagedDataset
 
     if not isinstance(dataset, StagedDataset):
         return None
