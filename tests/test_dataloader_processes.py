@@ -15,6 +15,7 @@ from _dl_helpers import (
     ProcessBadData,
     ProcessData,
     ProcessWorkerInfoData,
+    ShardedByWorker,
     assert_same_batches,
     gen,
     mark_init,
@@ -32,6 +33,38 @@ def test_process_workers_match_torch() -> None:
         ds, batch_size=4, shuffle=True, generator=gen(2), num_workers=2, worker_type="process"
     )
     assert_same_batches(list(ours), ref)
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_process_workers_started_without_fork_match_torch(context: str) -> None:
+    """A worker started by ``spawn`` or ``forkserver`` imports what it runs by name (its
+    main function, the messages it reads and writes, the dataset): batches, a failed
+    sample and an iterable dataset's shards come back as from torch's forked workers."""
+    ds = ProcessData(12)
+    ref = list(TorchDataLoader(ds, batch_size=4, shuffle=True, generator=gen(3)))
+    ours = DataLoader(
+        ds,
+        batch_size=4,
+        shuffle=True,
+        generator=gen(3),
+        num_workers=2,
+        worker_type="process",
+        multiprocessing_context=context,
+    )
+    assert_same_batches(list(ours), ref)
+    iterable = ShardedByWorker(10)
+    want = list(TorchDataLoader(iterable, batch_size=3, num_workers=2))
+    got = DataLoader(iterable, batch_size=3, num_workers=2, multiprocessing_context=context)
+    assert_same_batches(list(got), want)
+    bad = DataLoader(
+        ProcessBadData(8, bad=5),
+        batch_size=4,
+        num_workers=2,
+        worker_type="process",
+        multiprocessing_context=context,
+    )
+    with pytest.raises(KeyError, match="no sample 5"):
+        list(bad)
 
 
 def test_persistent_process_workers_match_torch_over_epochs() -> None:

@@ -25,7 +25,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..._procwire import Sender, Stop, dumps
+from ..._procwire import Sender, Stop, encode
 
 __all__ = ["Outbox"]
 
@@ -54,7 +54,7 @@ class Outbox:
                 return
             if self._sender is None and pipe not in self._written:  # its first message
                 self._written.add(pipe)
-                data = dumps(message)
+                data = encode(message)
                 if len(data) <= _FITS_EMPTY_PIPE:
                     try:
                         pipe.send_bytes(data)

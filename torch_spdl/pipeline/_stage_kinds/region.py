@@ -50,7 +50,7 @@ from ..._procwire import (
     Failed,
     Items,
     PortableError,
-    dumps,
+    encode,
     pickle_error,
     receive,
     send,
@@ -237,7 +237,7 @@ class RegionStage(Node):
 
     def _pickled(self, message: Items) -> bytes:
         try:
-            return dumps(message)
+            return encode(message)
         except Exception as exc:
             for item in message.values:  # name the item that cannot cross
                 if pickle_error(item) is not None:
