@@ -13,10 +13,12 @@ exact resume needs:
   order drawn;
 - the buffer's samples, by identity and byte span, in slot order, and its RNG state.
 
-Restoring reads back only the byte spans of the pending and buffered samples (ranged
-reads, merged when they lie close together), then the cursor's shard from the cursor's
-offset, then the shards after it: no finished shard is read again, and the samples come out
-in the order an uninterrupted epoch gives (the pending ones first).
+Restoring reads back only the byte spans of the pending and buffered samples (a ranged
+read per run of adjacent ones), then the cursor's shard from the cursor's offset, then the
+shards after it: no byte of a delivered sample is read again (the bytes a resume reads are
+bounded by the shuffle buffer and what is left of the epoch, not by the shards the buffer
+draws from), and the samples come out in the order an uninterrupted epoch gives (the
+pending ones first).
 """
 
 from __future__ import annotations
@@ -36,7 +38,10 @@ __all__ = ["Progress"]
 _LG = logging.getLogger("torch_spdl.streaming")
 
 STATE_VERSION = 2  # 2: pending samples (1: none, still read)
-_MERGE_GAP = 1 << 20  # buffered samples this close in one shard are read back in one request
+# Buffered samples of one shard are read back in one request when they touch: a gap is a
+# delivered sample, and a resume reads no byte of one (its cost is a request per run of
+# adjacent samples, read_concurrency at a time).
+_MERGE_GAP = 0
 
 
 class Progress:
@@ -231,7 +236,7 @@ def _refill_tasks(
     urls: Sequence[str], spans: Sequence[tuple[int, int, int, int]]
 ) -> list[ShardTask]:
     """Ranged reads that bring back the samples ``(pos, index, start, end)``: one per run
-    of samples of one shard that lie within ``_MERGE_GAP`` of each other."""
+    of samples of one shard that lie within ``_MERGE_GAP`` of each other (that touch)."""
     by_shard: dict[int, list[tuple[int, int, int]]] = {}
     for pos, index, start, end in spans:
         by_shard.setdefault(pos, []).append((start, end, index))

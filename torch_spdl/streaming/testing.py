@@ -11,8 +11,11 @@ the standard library.
 A fault plan maps an object's path to the faults its next requests meet, one per request:
 ``"503"``, ``"reset"`` (the connection is closed with a TCP reset before any answer),
 ``"truncate"`` (the headers promise the whole body; half comes, then the connection
-closes), ``"hang"`` (no answer until the server stops). ``latency`` delays every
+closes: every byte of that half reaches the client, so a test can say where a retry
+must start), ``"hang"`` (no answer until the server stops). ``latency`` delays every
 request by that many seconds (a sleep in the server, as a remote store's round trip).
+Besides the request log, the servers count the body bytes they send per path
+(:meth:`Faults.bytes_sent`): what a test of "reads only what it needs" counts.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Faults:
     latency: float = 0.0
     plan: dict[str, list[str]] = field(default_factory=dict)
     log: list[tuple[str, str, str | None]] = field(default_factory=list)
+    sent: dict[str, int] = field(default_factory=dict)
     released: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -69,6 +73,21 @@ class Faults:
         """The GET requests made so far: ``(path, Range)``."""
         with self._lock:
             return [(p, r) for m, p, r in self.log if m == "GET" and p.endswith(suffix)]
+
+    def count_sent(self, path: str, size: int) -> None:
+        with self._lock:
+            self.sent[path] = self.sent.get(path, 0) + size
+
+    def bytes_sent(self, suffix: str = "") -> int:
+        """The body bytes sent so far for the paths that end with ``suffix``."""
+        with self._lock:
+            return sum(n for p, n in self.sent.items() if p.endswith(suffix))
+
+    def clear(self) -> None:
+        """Forget the requests and bytes so far (the plan stays)."""
+        with self._lock:
+            self.log.clear()
+            self.sent.clear()
 
 
 class _Connections:
@@ -108,6 +127,15 @@ def _reset(sock: socket.socket) -> None:
     """Close with a TCP reset (RST), as a crashed or overloaded server does."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """End the connection after what was written (a FIN: nothing sent is lost), as a
+    proxy that gives up on a long response does."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -164,12 +192,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if head_only:
             return
         if fault == "truncate":
-            self.wfile.write(body[start : start + (end - start) // 2])
+            half = body[start : start + (end - start) // 2]
+            self.wfile.write(half)
             self.wfile.flush()
-            _reset(self.connection)
+            faults.count_sent(self.path, len(half))
+            _hang_up(self.connection)
             self.close_connection = True
             return
         self.wfile.write(body[start:end])
+        faults.count_sent(self.path, end - start)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         self._answer(head_only=False)
@@ -257,18 +288,33 @@ class _Middleware:
         result = self.app(environ, start_response)
         if fault == "truncate":
             data = b"".join(result)
-            return _cut(data, sock)
-        return result
+            return _cut(data, sock, faults, path)
+        if environ["REQUEST_METHOD"] != "GET":
+            return result
+        return _counted(result, faults, path)
 
 
 def _quiet(*args: object, **kwargs: object) -> None:
     pass
 
 
-def _cut(data: bytes, sock: socket.socket | None) -> Iterator[bytes]:
-    yield data[: len(data) // 2]
+def _counted(result: Iterable[bytes], faults: Faults, path: str) -> Iterator[bytes]:
+    try:
+        for part in result:
+            faults.count_sent(path, len(part))
+            yield part
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+
+
+def _cut(data: bytes, sock: socket.socket | None, faults: Faults, path: str) -> Iterator[bytes]:
+    half = data[: len(data) // 2]
+    yield half
+    faults.count_sent(path, len(half))
     if sock is not None:
-        _reset(sock)
+        _hang_up(sock)
     raise ConnectionAbortedError("truncated by the fault plan")
 
 
