@@ -44,7 +44,9 @@ def _spans(body: bytes) -> dict[str, tuple[int, int]]:
     return spans
 
 
-def _ranges(gets: list[tuple[str, str | None]], sizes: dict[str, int]) -> list[tuple[str, int, int]]:
+def _ranges(
+    gets: list[tuple[str, str | None]], sizes: dict[str, int]
+) -> list[tuple[str, int, int]]:
     out = []
     for path, header in gets:
         name = path.lstrip("/")
@@ -84,7 +86,9 @@ def test_a_resume_reads_only_the_samples_not_delivered(batches: int) -> None:
         for key, (lo, hi) in spans[name].items():
             if (name, f"{key}") in delivered:
                 assert hi <= start or lo >= end, f"read {name} {key} again ({start}-{end})"
-    wanted = sum(hi - lo for n, s in spans.items() for k, (lo, hi) in s.items() if (n, k) not in delivered)
+    wanted = sum(
+        hi - lo for n, s in spans.items() for k, (lo, hi) in s.items() if (n, k) not in delivered
+    )
     # past the last sample of a shard read to its end: the end-of-archive blocks and padding
     tails = sum(sizes[n] - max(hi for _, hi in spans[n].values()) for n in SHARDS)
     assert wanted <= sent <= wanted + tails
@@ -107,3 +111,33 @@ def test_a_retry_continues_from_the_byte_the_cut_body_stopped_at() -> None:
     # asks for the rest only
     assert gets == [f"bytes=0-{(1 << 20) - 1}", f"bytes={size // 2}-{(1 << 20) - 1}"]
     assert sent == size
+
+
+@pytest.fixture(scope="module")
+def s3() -> Any:
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from torch_spdl.streaming.testing import LocalS3
+
+    with LocalS3() as server:
+        server.urls = [server.put("resume", n, body) for n, body in SHARDS.items()]
+        yield server
+
+
+def test_an_s3_retry_continues_from_the_byte_the_cut_body_stopped_at(s3: Any) -> None:
+    name = "train-003.tar"
+    size = len(SHARDS[name])
+    s3.faults.clear()
+    s3.faults.plan[f"/resume/{name}"] = ["truncate"]
+    ds = StreamingDataset(
+        s3.urls,
+        shuffle=False,
+        chunk_size=1 << 20,
+        retry=FAST_RETRY,
+        storage_options=s3.storage_options,
+    )
+    got = [int(s["cls"]) for s in ds]
+    gets = [r for p, r in s3.faults.gets(name)]
+    assert len(got) == NUM_SHARDS * PER_SHARD
+    assert gets == [f"bytes=0-{(1 << 20) - 1}", f"bytes={size // 2}-{(1 << 20) - 1}"]
+    assert s3.faults.bytes_sent(name) == size

@@ -6,10 +6,12 @@ asyncio code, so hundreds of reads can wait at once on one thread), and it close
 sessions before the loop ends. A filesystem with no async implementation (local files)
 is called on the loop's default executor, which the pipeline owns.
 
-Every request is a ranged read ``[start, end)``; a read that starts past the end of the
-object returns no bytes (S3 and HTTP answer 416), and a server that ignores ``Range`` and
-sends the whole object is cut to the range asked for. Retries are :mod:`._retry`'s alone:
-the stores opened here have botocore's and s3fs's own retry loops turned off.
+Every request is a ranged read ``[start, end)``, its body taken in as it arrives
+(:mod:`._body`): a read that starts past the end of the object returns no bytes (S3 and
+HTTP answer 416), a server that ignores ``Range`` and sends the whole object is cut to the
+range asked for, and a response that breaks off is retried from the byte it stopped at.
+Retries are :mod:`._retry`'s alone: the stores opened here have botocore's and s3fs's own
+retry loops turned off.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from ._retry import RetryPolicy, _status_of
+from ._body import body_parts
+from ._retry import RetryPolicy
 
 __all__ = ["Store", "protocol_of"]
 
@@ -87,26 +90,21 @@ class Store:
         return fs
 
     async def read(self, url: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of ``url`` (fewer at the end of the object), retried."""
+        """Bytes ``[start, end)`` of ``url`` (fewer at the end of the object), retried: a
+        retry asks only for what the attempts before it did not bring."""
         protocol = protocol_of(url)
         fs = await self._filesystem(protocol)
+        parts: list[bytes] = []
+        got = 0
 
-        async def once() -> bytes:
-            if getattr(fs, "async_impl", False):
-                try:
-                    data = await fs._cat_file(url, start=start, end=end)
-                except Exception as exc:
-                    status, code = _status_of(exc)
-                    if status == 416 or code == "InvalidRange":
-                        return b""  # the range starts at or past the end
-                    raise
-            else:
-                data = await asyncio.to_thread(_read_sync, fs, url, start, end)
-            if len(data) > end - start:  # the server ignored Range: the whole object came
-                data = data[start:end]
-            return data
+        async def once() -> None:
+            nonlocal got
+            async for part in body_parts(fs, protocol, url, start + got, end):
+                parts.append(part)
+                got += len(part)
 
-        return await self._retry.run(once, url, f"bytes {start}-{end - 1}", self._jitter)
+        await self._retry.run(once, url, f"bytes {start}-{end - 1}", self._jitter)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def size(self, url: str) -> int:
         """The size of ``url`` in bytes, retried."""
@@ -145,12 +143,6 @@ class Store:
                     await fs._session.close()
             except Exception:  # a session already gone is closed enough
                 pass
-
-
-def _read_sync(fs: Any, url: str, start: int, end: int) -> bytes:
-    with fs.open(url, "rb") as f:
-        f.seek(start)
-        return bytes(f.read(end - start))
 
 
 def _abandon(fss: dict[str, Any]) -> None:
