@@ -17,6 +17,7 @@ for code that builds its own pipeline.
 from __future__ import annotations
 
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +27,7 @@ import torch.utils.data
 
 from ..pipeline import BackgroundTask, PipelineBuilder, PipelineFailure
 from ..source import resolve_rank_and_world_size
+from ._cache import ShardCache
 from ._decode import Decoder, FieldDecoder
 from ._plan import Consumer, shards_of
 from ._progress import Progress
@@ -42,10 +44,12 @@ Concurrency = int | Literal["auto"]
 
 
 class _CloseStore(BackgroundTask):
-    """Lives as long as the pipeline; closes the store's sessions on the loop at stop."""
+    """Lives as long as the pipeline; closes the store's sessions on the loop at stop, and
+    releases what the run holds of the local cache."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, cache: ShardCache | None) -> None:
         self.store = store
+        self.cache = cache
 
     async def run(self) -> None:
         import asyncio
@@ -53,7 +57,11 @@ class _CloseStore(BackgroundTask):
         try:
             await asyncio.get_running_loop().create_future()  # until the pipeline stops
         finally:
-            await self.store.close()
+            try:
+                await self.store.close()
+            finally:
+                if self.cache is not None:
+                    self.cache.close()
 
 
 class _Epoch:
@@ -136,6 +144,11 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             shard may have; one more fails the epoch with :class:`ShardFailure`.
         storage_options: fsspec options, per protocol (``{"s3": {"endpoint_url": ...}}``)
             or one dict for all.
+        cache_dir: a local directory to keep the shards read in (None: no cache): later
+            epochs read them from disk while the object's size and ETag are unchanged. Every
+            DataLoader worker and rank of a host may share one directory.
+        cache_limit: the most bytes of shards ``cache_dir`` keeps (the least recently used
+            go first; a shard being read is never removed); None: no limit.
     """
 
     def __init__(
@@ -158,6 +171,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         retry: RetryPolicy | None = None,
         max_failures_per_shard: int = 0,
         storage_options: Mapping[str, Any] | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
     ) -> None:
         self.urls = expand_urls(urls)
         for name, value in (
@@ -174,6 +189,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             raise ValueError(f"shuffle_buffer must be non-negative, got {shuffle_buffer}")
         if world_size is not None and world_size < 1:
             raise ValueError(f"world_size must be positive, got {world_size}")
+        if cache_limit is not None and cache_limit < 0:
+            raise ValueError(f"cache_limit must be non-negative bytes, got {cache_limit}")
         self.decoder = Decoder(image_size, decode)
         self.transform = transform
         self.shuffle = shuffle
@@ -189,6 +206,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         self.retry = retry if retry is not None else RetryPolicy()
         self.max_failures_per_shard = max_failures_per_shard
         self.storage_options = dict(storage_options or {})
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_limit = cache_limit
         self.epoch = 0
         self._live: Progress | None = None
         self._resume: dict[str, Any] | None = None
@@ -244,22 +263,20 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             state,
         )
 
-    def _stream(self, progress: Progress, store: Store) -> PipelineBuilder[Any, Any]:
-        return stream_builder(
+    def _drawn(self, progress: Progress) -> Generator[Sample, None, None]:
+        """The raw samples this consumer's buffer lets out, in order."""
+        store = Store(self.storage_options, self.retry, seed=progress.consumer.index)
+        cache = None
+        if self.cache_dir is not None:
+            cache = ShardCache(self.cache_dir, self.cache_limit)
+        stream = stream_builder(
             progress.tasks(),
             store,
             read_concurrency=self.read_concurrency,
             chunk_size=self.chunk_size,
+            cache=cache,
         )
-
-    def _drawn(self, progress: Progress) -> Generator[Sample, None, None]:
-        """The raw samples this consumer's buffer lets out, in order."""
-        store = Store(self.storage_options, self.retry, seed=progress.consumer.index)
-        pipeline = (
-            self._stream(progress, store)
-            .add_sink(16)
-            .build(background_tasks=[lambda: _CloseStore(store)])
-        )
+        pipeline = stream.add_sink(16).build(background_tasks=[lambda: _CloseStore(store, cache)])
         try:
             with pipeline.auto_stop():
                 for item in pipeline:

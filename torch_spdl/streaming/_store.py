@@ -108,10 +108,15 @@ class Store:
 
     async def size(self, url: str) -> int:
         """The size of ``url`` in bytes, retried."""
+        return (await self.info(url))[0]
+
+    async def info(self, url: str) -> tuple[int, str | None]:
+        """The size of ``url`` in bytes and its version tag (the ETag; for a server that
+        gives none, Last-Modified; for a file, its modification time), retried."""
         protocol = protocol_of(url)
         fs = await self._filesystem(protocol)
 
-        async def once() -> int:
+        async def once() -> tuple[int, str | None]:
             if protocol in ("http", "https"):
                 # fsspec's HTTP ``info`` reads any failure as "not found"; a 503 must stay
                 # a 503 to be retried, so the HEAD request is made here.
@@ -120,13 +125,18 @@ class Store:
                     if resp.status == 404:
                         raise FileNotFoundError(url)
                     resp.raise_for_status()
-                    length = resp.headers.get("Content-Length")
+                    headers = resp.headers
+                    length = headers.get("Content-Length")
+                    tag = headers.get("ETag") or headers.get("Last-Modified")
                 if length is None:
                     raise OSError(f"{url}: the server does not give its size")
-                return int(length)
+                return int(length), tag
             if getattr(fs, "async_impl", False):
-                return int((await fs._info(url))["size"])
-            return int(await asyncio.to_thread(fs.size, url))
+                info = await fs._info(url)
+            else:
+                info = await asyncio.to_thread(fs.info, url)
+            tag = info.get("ETag") or info.get("etag") or info.get("mtime")
+            return int(info["size"]), None if tag is None else str(tag)
 
         return await self._retry.run(once, url, "size", self._jitter)
 

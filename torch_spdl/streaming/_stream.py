@@ -26,14 +26,16 @@ failure budget: a tar that breaks off and a sample that does not decode come out
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..pipeline import PipelineBuilder
+from ._cache import CacheFill, CacheLease, ShardCache
 from ._decode import Decoder
 from ._retry import ShardReadError
-from ._store import Store
+from ._store import Store, protocol_of
 from ._tar import TarFormatError, TarSplitter
 
 __all__ = [
@@ -64,13 +66,15 @@ class ShardTask:
 
 @dataclass
 class Chunk:
-    """Bytes ``[offset, end)`` of a task's object (``data`` None: not read yet)."""
+    """Bytes ``[offset, end)`` of a task's object (``data`` None: not read yet; from
+    ``lease``, the local copy, when it has one)."""
 
     task: ShardTask
     offset: int
     end: int
     data: bytes | None
     last: bool
+    lease: CacheLease | None = None
 
 
 @dataclass
@@ -108,13 +112,20 @@ class ShardEnd:
 
 
 class _Locate:
-    """First ranged read of a task; when it came back full, the size, and the chunk plan."""
+    """First ranged read of a task; when it came back full, the size, and the chunk plan.
+    With a cache, a shard is read from its local copy, made first if there is none."""
 
-    def __init__(self, store: Store, chunk_size: int) -> None:
+    def __init__(self, store: Store, chunk_size: int, cache: ShardCache | None) -> None:
         self.store = store
         self.chunk_size = chunk_size
+        self.cache = cache
 
     async def __call__(self, task: ShardTask) -> list[Chunk]:
+        if self.cache is not None and protocol_of(task.url) != "file":
+            return await self._cached(task, self.cache)
+        return await self._remote(task)
+
+    async def _remote(self, task: ShardTask) -> list[Chunk]:
         store, size = self.store, self.chunk_size
         stop = task.start + size if task.end is None else min(task.end, task.start + size)
         data = await store.read(task.url, task.start, stop)
@@ -127,6 +138,44 @@ class _Locate:
             chunks.append(Chunk(task, offset, end, None, end >= total))
         return chunks
 
+    async def _cached(self, task: ShardTask, cache: ShardCache) -> list[Chunk]:
+        """The task's chunks from the local copy: a valid one (the object's size and ETag
+        unchanged), or one downloaded now when the task reads the whole shard; a task of
+        part of a shard without a valid copy reads the object (``_remote``)."""
+        total, tag = await self.store.info(task.url)
+        whole = task.start == 0 and task.end is None
+        entry = await asyncio.to_thread(cache.open, task.url, total, tag, whole)
+        if entry is None:
+            return await self._remote(task)
+        if isinstance(entry, CacheFill):
+            try:
+                await self._download(entry, task.url, total)
+                lease = await asyncio.to_thread(entry.finish, total, tag)
+            except BaseException:
+                entry.abort()
+                raise
+        else:
+            lease = entry
+        stop = lease.size if task.end is None else min(task.end, lease.size)
+        step = self.chunk_size
+        chunks = [
+            Chunk(task, offset, min(stop, offset + step), None, offset + step >= stop, lease)
+            for offset in range(task.start, stop, step)
+        ]
+        if not chunks:
+            lease.release()
+            return [Chunk(task, task.start, task.start, b"", True)]
+        lease.chunks = len(chunks)
+        return chunks
+
+    async def _download(self, fill: CacheFill, url: str, total: int) -> None:
+        for offset in range(0, total, self.chunk_size):
+            end = min(total, offset + self.chunk_size)
+            data = await self.store.read(url, offset, end)
+            await asyncio.to_thread(fill.write, offset, data)
+            if len(data) < end - offset:
+                return  # shorter than its size: changed meanwhile (the copy is not kept)
+
 
 class _Read:
     """A planned chunk's bytes (chunks read by ``_Locate`` pass through)."""
@@ -135,6 +184,12 @@ class _Read:
         self.store = store
 
     async def __call__(self, chunk: Chunk) -> Chunk:
+        if chunk.data is None and chunk.lease is not None:
+            lease = chunk.lease
+            try:
+                chunk.data = await asyncio.to_thread(lease.read, chunk.offset, chunk.end)
+            finally:
+                lease.chunk_read()
         if chunk.data is None:
             data = await self.store.read(chunk.task.url, chunk.offset, chunk.end)
             if len(data) != chunk.end - chunk.offset:
@@ -233,14 +288,15 @@ def stream_builder(
     *,
     read_concurrency: Concurrency,
     chunk_size: int,
+    cache: ShardCache | None = None,
 ) -> PipelineBuilder[Any, Any]:
     """The pipeline of one consumer, up to raw (undecoded) samples in shard order (no
-    sink)."""
+    sink); ``cache``: the local copies to read from and fill."""
     return (
         PipelineBuilder()
         .add_source(list(tasks))
         .pipe(
-            _Locate(store, chunk_size),
+            _Locate(store, chunk_size, cache),
             concurrency=read_concurrency,
             name="locate",
             output_order="input",

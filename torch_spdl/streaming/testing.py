@@ -20,6 +20,7 @@ Besides the request log, the servers count the body bytes they send per path
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import io
 import socket
@@ -188,6 +189,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(body)}")
         self.send_header("Content-Length", str(end - start))
         self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", self.server.etag(self.path.lstrip("/"), body))
         self.end_headers()
         if head_only:
             return
@@ -219,6 +221,15 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.files = files
         self.faults = faults
+        self._etags: dict[str, tuple[bytes, str]] = {}
+
+    def etag(self, name: str, body: bytes) -> str:
+        """A strong ETag of the body (a digest, remembered while the body is the same)."""
+        known = self._etags.get(name)
+        if known is None or known[0] is not body:
+            known = (body, '"' + hashlib.md5(body, usedforsecurity=False).hexdigest() + '"')
+            self._etags[name] = known
+        return known[1]
 
 
 class _Running:
@@ -247,9 +258,10 @@ class _Running:
 
 
 class LocalHTTP(_Running):
-    """An HTTP server of ``files`` (``{name: bytes}``) with ``Range`` support, on
-    127.0.0.1; a context manager. ``url(name)`` is a file's URL; ``faults`` its plan
-    and log."""
+    """An HTTP server of ``files`` (``{name: bytes}``) with ``Range`` support and ETags,
+    on 127.0.0.1; a context manager. ``url(name)`` is a file's URL; ``faults`` its plan
+    and log; the server serves the dict it was given, so a change to it changes the
+    objects."""
 
     def __init__(self, files: dict[str, bytes], faults: Faults | None = None) -> None:
         self.faults = faults or Faults()
