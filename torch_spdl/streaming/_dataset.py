@@ -32,7 +32,7 @@ from ._decode import Decoder, FieldDecoder
 from ._plan import Consumer, shards_of
 from ._progress import Progress
 from ._retry import RetryPolicy
-from ._store import Store
+from ._store import Store, import_filesystems
 from ._stream import DecodeAndTransform, Failed, Sample, stream_builder
 from ._urls import expand_urls
 
@@ -129,6 +129,10 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         seed: the seed of every shuffle (the same on every rank).
         shuffle_buffer: how many samples the shuffle buffer holds, undecoded (0: no sample
             shuffle).
+        shuffle_initial: how many samples the buffer holds before it lets the first out;
+            until it is full it then takes two in for each one out (a first batch after
+            this many samples are read rather than ``shuffle_buffer``, the epoch's first
+            samples drawn from fewer).
         rank: this process's rank (default: from ``torch.distributed`` or ``RANK``).
         world_size: the number of ranks (default: detected likewise).
         drop_last: with ``even_out``, drop the shards that do not divide evenly instead
@@ -161,6 +165,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         shuffle: bool = True,
         seed: int = 0,
         shuffle_buffer: int = 1000,
+        shuffle_initial: int = 100,
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
@@ -187,15 +192,21 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             raise ValueError("max_failures_per_shard must be non-negative")
         if shuffle_buffer < 0:
             raise ValueError(f"shuffle_buffer must be non-negative, got {shuffle_buffer}")
+        if shuffle_initial < 1:
+            raise ValueError(f"shuffle_initial must be positive, got {shuffle_initial}")
         if world_size is not None and world_size < 1:
             raise ValueError(f"world_size must be positive, got {world_size}")
         if cache_limit is not None and cache_limit < 0:
             raise ValueError(f"cache_limit must be non-negative bytes, got {cache_limit}")
         self.decoder = Decoder(image_size, decode)
+        # what every consumer needs, imported once here: forked workers start with it
+        import_filesystems(self.urls)
+        self.decoder.import_media()
         self.transform = transform
         self.shuffle = shuffle
         self.seed = seed
         self.shuffle_buffer = shuffle_buffer if shuffle else 0
+        self.shuffle_initial = shuffle_initial
         self.rank = rank
         self.world_size = world_size
         self.drop_last = drop_last
@@ -261,6 +272,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             self.shuffle_buffer,
             self.max_failures_per_shard,
             state,
+            self.shuffle_initial,
         )
 
     def _drawn(self, progress: Progress) -> Generator[Sample, None, None]:

@@ -113,6 +113,13 @@ class Decoder:
             return _audio
         return None
 
+    def import_media(self) -> None:
+        """Import the media decoders (PyAV) now, when they may be needed: forked
+        DataLoader workers inherit them instead of importing them before their first
+        decode."""
+        if self.media:
+            from ..io import load_audio, load_image, load_video  # noqa: F401
+
     def __call__(self, fields: Mapping[str, bytes]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for ext, data in fields.items():

@@ -37,7 +37,7 @@ __all__ = ["Progress"]
 
 _LG = logging.getLogger("torch_spdl.streaming")
 
-STATE_VERSION = 2  # 2: pending samples (1: none, still read)
+STATE_VERSION = 3  # 3: the buffer's count (2: a buffer full before the first out; 1: no pending)
 # Buffered samples of one shard are read back in one request when they touch: a gap is a
 # delivered sample, and a resume reads no byte of one (its cost is a request per run of
 # adjacent samples, read_concurrency at a time).
@@ -58,6 +58,7 @@ class Progress:
         buffer_size: the shuffle buffer's size.
         max_failures: bad samples each shard may have before the epoch fails.
         state: a state this consumer saved in this epoch, to continue from.
+        buffer_initial: how many samples the buffer holds before it lets one out.
     """
 
     def __init__(
@@ -69,13 +70,14 @@ class Progress:
         buffer_size: int,
         max_failures: int,
         state: dict[str, Any] | None = None,
+        buffer_initial: int | None = None,
     ) -> None:
         self.urls = list(urls)
         self.consumer = consumer
         self.epoch = epoch
         self.max_failures = max_failures
         self.buffer: ShuffleBuffer[Sample] = ShuffleBuffer(
-            buffer_size, f"torch_spdl.streaming:{seed}:{epoch}:{consumer.index}"
+            buffer_size, f"torch_spdl.streaming:{seed}:{epoch}:{consumer.index}", buffer_initial
         )
         self.cursor = (0, 0, 0)  # (shard pos, next sample number, byte offset)
         self.delivered = 0
@@ -208,13 +210,14 @@ class Progress:
             "pending": pending,
             "buffer": [[s.pos, s.index, s.start, s.end] for s in items],
             "rng": self.buffer.get_rng_state(),
+            "pushed": self.buffer.pushed,
             "delivered": self.delivered,
             "failures": dict(self.failures),
             "exhausted": self.exhausted,
         }
 
     def _restore(self, state: dict[str, Any]) -> None:
-        if state.get("version") not in (1, STATE_VERSION):
+        if state.get("version") not in (1, 2, STATE_VERSION):
             raise ValueError(f"unknown streaming state version {state.get('version')!r}")
         pos, index, offset = (int(x) for x in state["cursor"])
         self.cursor = (pos, index, offset)
@@ -222,6 +225,10 @@ class Progress:
         self.failures = {int(k): int(v) for k, v in state["failures"].items()}
         self.drained = bool(state["exhausted"])
         self.buffer.set_rng_state(state["rng"])
+        if "pushed" in state:
+            self.buffer.pushed = int(state["pushed"])
+        else:  # saved by a buffer that let nothing out before it was full
+            self.buffer.initial = self.buffer.size
         spans = [(int(p), int(i), int(s), int(e)) for p, i, s, e in state["buffer"]]
         pending = [(int(p), int(i), int(s), int(e)) for p, i, s, e in state.get("pending", [])]
         self._refills = pending + spans

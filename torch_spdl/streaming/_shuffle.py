@@ -3,11 +3,18 @@
 Shards are shuffled by epoch (:mod:`._plan`), but samples inside a shard stay together;
 the buffer mixes them: it holds up to ``size`` samples and, once full, hands out one
 drawn at random for each one it takes in (the scheme WebDataset and tf.data use). Its
-memory is ``size`` samples, as the decode stage made them.
+memory is ``size`` samples, as the stream made them.
+
+A buffer that waited to be full before its first sample would make the first batch wait
+for ``size`` samples to be read (8 shards of 128 for the default 1,000). It starts
+handing out once it holds ``initial`` samples instead, and until it is full takes two in
+for each one it lets out, so it still grows to ``size``: the first samples of an epoch
+are drawn from fewer, the price of a first batch after ``initial`` samples rather than
+``size`` (webdataset's ``shuffle(n, initial=100)`` makes the same trade).
 
 For an exact resume its state is the identities of the samples it holds, in slot order,
-and its RNG's state; the RNG is a ``random.Random`` of its own, seeded from the data set's
-seed, the epoch and the consumer, never the global one.
+how many it has taken in, and its RNG's state; the RNG is a ``random.Random`` of its own,
+seeded from the data set's seed, the epoch and the consumer, never the global one.
 """
 
 from __future__ import annotations
@@ -22,28 +29,34 @@ T = TypeVar("T")
 
 
 class ShuffleBuffer(Generic[T]):
-    """Up to ``size`` items; ``push`` returns one drawn at random once it is full.
+    """Up to ``size`` items; ``push`` returns one drawn at random once it holds
+    ``initial`` (every other push until it is full, then every push).
 
     Args:
         size: how many items it holds (0 or 1: no shuffling, items pass straight on).
         seed: seeds its own RNG.
+        initial: how many it holds before the first goes out (at most ``size``).
     """
 
-    def __init__(self, size: int, seed: str | int) -> None:
+    def __init__(self, size: int, seed: str | int, initial: int | None = None) -> None:
         if size < 0:
             raise ValueError(f"the shuffle buffer size must be non-negative, got {size}")
         self.size = size
+        self.initial = size if initial is None else max(1, min(initial, size))
         self.rng = random.Random(seed)
         self.items: list[T] = []
+        self.pushed = 0
 
     def push(self, item: T) -> T | None:
         """Take ``item``; return the item drawn to go out, or None while filling."""
         if self.size <= 1:
             return item
         self.items.append(item)
-        if len(self.items) < self.size:
-            return None
-        return self._draw()
+        self.pushed += 1
+        held = len(self.items)
+        if held >= self.size or (held >= self.initial and self.pushed % 2 == 0):
+            return self._draw()
+        return None
 
     def drain(self) -> Iterator[T]:
         """The items left, in random order (at the end of the stream)."""
