@@ -104,7 +104,7 @@ def test_mid_epoch_resume_is_identical_and_rereads_no_finished_shard(s3: Any) ->
     whole = _classes(loader())
     first = loader()
     it = iter(first)
-    head = [int(c) for _ in range(5) for c in next(it)["cls"]]
+    head = [int(c) for _ in range(8) for c in next(it)["cls"]]
     state = first.state_dict()
     del it
     s3.faults.log.clear()

@@ -11,7 +11,9 @@ by a seed and an epoch, retried on transient errors, and resumable mid-epoch.
 - :func:`expand_urls` / :func:`list_shards`: shard lists from patterns and listings;
 - :class:`RetryPolicy`, :class:`ShardReadError`, :class:`ShardFailure`: retries and the
   errors that name the shard;
-- :class:`Consumer`: one (rank, worker) reader of the shard list.
+- :class:`Consumer`: one (rank, worker) reader of the shard list;
+- :func:`elastic_state`: the states of every rank of a run, to resume it on another
+  number of ranks or workers.
 
 Reading ``s3://`` needs ``s3fs`` (``pip install torch_spdl[streaming]``), ``http(s)://``
 needs ``aiohttp`` (which ``s3fs`` brings).
@@ -19,6 +21,7 @@ needs ``aiohttp`` (which ``s3fs`` brings).
 
 from ._dataset import StreamingDataset
 from ._decode import Decoder
+from ._elastic import elastic_state
 from ._errors import ShardFailure, ShardReadError
 from ._plan import Consumer
 from ._retry import RetryPolicy, is_transient
@@ -31,6 +34,7 @@ __all__ = [
     "ShardFailure",
     "ShardReadError",
     "StreamingDataset",
+    "elastic_state",
     "expand_urls",
     "is_transient",
     "list_shards",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -29,9 +30,11 @@ from ..pipeline import BackgroundTask, PipelineBuilder, PipelineFailure
 from ..source import resolve_rank_and_world_size
 from ._cache import ShardCache
 from ._decode import Decoder, FieldDecoder
+from ._elastic import ELASTIC, in_flight, share_of
 from ._plan import Consumer, shards_of
 from ._progress import Progress
 from ._retry import RetryPolicy
+from ._spans import Piece
 from ._store import Store, import_filesystems
 from ._stream import DecodeAndTransform, Failed, Sample, stream_builder
 from ._urls import expand_urls
@@ -253,19 +256,40 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
     # -- iteration -------------------------------------------------------------------------
     def _progress(self, consumer: Consumer) -> Progress:
         state, self._resume = self._resume, None
+        if state is not None and ELASTIC in state:
+            return self._new_progress(consumer, run=state)
         if state is not None:
             saved = Consumer(*state["consumer"])
             if saved != consumer or state["epoch"] != self.epoch:
                 raise ValueError(
                     f"the restored state is of epoch {state['epoch']}, {saved}; this "
                     f"iteration is epoch {self.epoch}, {consumer}: the rank, world size "
-                    "and number of DataLoader workers must be those of the saved run"
+                    "and number of DataLoader workers must be those of the saved run "
+                    "(to resume on others, gather every rank's state with "
+                    "torch_spdl.streaming.elastic_state)"
                 )
         return self._new_progress(consumer, state)
 
-    def _new_progress(self, consumer: Consumer, state: dict[str, Any] | None = None) -> Progress:
+    def _new_progress(
+        self,
+        consumer: Consumer,
+        state: dict[str, Any] | None = None,
+        run: dict[str, Any] | None = None,
+    ) -> Progress:
+        """``consumer``'s epoch: afresh, from its ``state``, or its share of the rest of
+        a ``run`` saved at another number of consumers (:func:`elastic_state`)."""
+
+        def whole_shards(who: Consumer) -> list[Piece]:
+            return [Piece(url) for url in self.shards(who)]
+
+        pieces = None
+        if run is not None:
+            order = {url: i for i, url in enumerate(self.urls)}
+            pieces = share_of(run, consumer, whole_shards, lambda u: order.get(u, len(order)))
+        elif state is not None and "pieces" in state:  # itself resumed elastically
+            pieces = [Piece(u, s, e, f) for u, s, e, f in state["pieces"]]
         return Progress(
-            self.shards(consumer),
+            whole_shards(consumer) if pieces is None else pieces,
             consumer,
             self.epoch,
             self.seed,
@@ -273,6 +297,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             self.max_failures_per_shard,
             state,
             self.shuffle_initial,
+            record_pieces=pieces is not None,
         )
 
     def _drawn(self, progress: Progress) -> Generator[Sample, None, None]:
@@ -375,6 +400,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         byte spans), and its RNG state. Small, and cheap to take after every batch."""
         if self._live is not None:
             return self._live.state_dict()
+        if self._resume is not None and ELASTIC in self._resume:  # this consumer's share
+            return self._new_progress(self.consumer(), run=self._resume).state_dict()
         if self._resume is not None:
             return dict(self._resume)
         return self._new_progress(self.consumer()).state_dict()
@@ -383,8 +410,21 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         """Make the next iteration continue from ``state`` (its epoch becomes current).
 
         Args:
-            state: what :meth:`state_dict` returned, in the same rank and worker.
+            state: what :meth:`state_dict` returned, in the same rank and worker; or what
+                :func:`elastic_state` made of the states of every rank of a run, on any
+                number of ranks and workers (call this before the DataLoader is made: its
+                workers take their share of the rest of the epoch from it).
         """
+        if ELASTIC in state:
+            _LG.info("elastic resume of epoch %s", state["epoch"])
+            warnings.warn(
+                "resuming a stream saved at another number of ranks or workers: the rest "
+                "of the epoch is every sample the saved run had not delivered, each once, "
+                "but not in the order that run would have delivered them (the "
+                f"{in_flight(state)} sample(s) its shuffle buffers held or were decoding "
+                "are read back and mixed anew); see docs/streaming.md",
+                stacklevel=2,
+            )
         self.epoch = int(state["epoch"])
         self._resume = dict(state)
         self._live = None

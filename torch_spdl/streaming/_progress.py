@@ -3,22 +3,24 @@
 The stream (:mod:`._stream`) hands raw samples over in a fixed order; this module mixes
 them in the shuffle buffer, lets out the ones drawn to be decoded (:meth:`Progress.take`),
 takes them back decoded, in the order drawn, as they are delivered
-(:meth:`Progress.settle`), holds each shard to its failure budget, and keeps the state an
+(:meth:`Progress.settle`), holds each piece to its failure budget, and keeps the state an
 exact resume needs:
 
-- the *cursor*: the shard, sample number and byte offset up to which the stream has been
-  taken in (every shard before it, less what the buffer holds and what is being decoded,
+- the *cursor*: the piece, sample number and byte offset up to which the stream has been
+  taken in (every piece before it, less what the buffer holds and what is being decoded,
   was delivered);
 - the *pending* samples: drawn from the buffer, not delivered yet (being decoded), in the
-  order drawn;
-- the buffer's samples, by identity and byte span, in slot order, and its RNG state.
+  order drawn, by byte span;
+- the samples the buffer holds, as runs (:mod:`._spans`), and its two counts (of draws,
+  and of samples taken in), which are all its RNG and its ramp need (:mod:`._shuffle`).
 
 Restoring reads back only the byte spans of the pending and buffered samples (a ranged
-read per run of adjacent ones), then the cursor's shard from the cursor's offset, then the
-shards after it: no byte of a delivered sample is read again (the bytes a resume reads are
-bounded by the shuffle buffer and what is left of the epoch, not by the shards the buffer
-draws from), and the samples come out in the order an uninterrupted epoch gives (the
-pending ones first).
+read per run), then the cursor's piece from the cursor's offset, then the pieces after it:
+no byte of a delivered sample is read again (the bytes a resume reads are bounded by the
+shuffle buffer and what is left of the epoch, not by the shards the buffer draws from),
+and the samples come out in the order an uninterrupted epoch gives (the pending ones
+first). A state saved by an earlier version (1 to 3: the buffer by slot, a Mersenne
+Twister's state) restores the same samples, each once, in another order, with a warning.
 """
 
 from __future__ import annotations
@@ -31,17 +33,20 @@ from typing import Any
 from ._errors import ShardFailure
 from ._plan import Consumer
 from ._shuffle import ShuffleBuffer
+from ._spans import Piece, Run, merge_runs, pack_runs, runs_of, unpack_runs
 from ._stream import Failed, Sample, ShardEnd, ShardTask
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "STATE_VERSION"]
 
 _LG = logging.getLogger("torch_spdl.streaming")
 
-STATE_VERSION = 3  # 3: the buffer's count (2: a buffer full before the first out; 1: no pending)
-# Buffered samples of one shard are read back in one request when they touch: a gap is a
-# delivered sample, and a resume reads no byte of one (its cost is a request per run of
-# adjacent samples, read_concurrency at a time).
-_MERGE_GAP = 0
+# 4: the buffer as packed runs, the draws counted (3: the buffer by slot and the
+# Mersenne Twister's state, the samples taken in counted; 2: no ramp; 1: no pending)
+STATE_VERSION = 4
+
+
+def _key(sample: Sample) -> tuple[int, int]:
+    return (sample.pos, sample.index)
 
 
 class Progress:
@@ -50,20 +55,23 @@ class Progress:
     and :meth:`settle` may run on others.
 
     Args:
-        urls: the consumer's shards, in reading order.
+        pieces: what the consumer reads, in order (whole shards, unless an elastic resume
+            dealt it parts of some).
         consumer: who reads them.
         epoch: the epoch.
-        seed: the data set's seed (the buffer's RNG is seeded from it, the epoch and the
-            consumer).
+        seed: the data set's seed (the buffer's draws are seeded from it, the epoch and
+            the consumer).
         buffer_size: the shuffle buffer's size.
-        max_failures: bad samples each shard may have before the epoch fails.
+        max_failures: bad samples each piece may have before the epoch fails.
         state: a state this consumer saved in this epoch, to continue from.
         buffer_initial: how many samples the buffer holds before it lets one out.
+        record_pieces: put ``pieces`` in the state (they are not the consumer's shards of
+            the epoch, which a resume would otherwise compute).
     """
 
     def __init__(
         self,
-        urls: Sequence[str],
+        pieces: Sequence[Piece],
         consumer: Consumer,
         epoch: int,
         seed: int,
@@ -71,56 +79,74 @@ class Progress:
         max_failures: int,
         state: dict[str, Any] | None = None,
         buffer_initial: int | None = None,
+        record_pieces: bool = False,
     ) -> None:
-        self.urls = list(urls)
+        self.pieces = list(pieces)
         self.consumer = consumer
         self.epoch = epoch
         self.max_failures = max_failures
+        self.record_pieces = record_pieces
+        seed_text = f"torch_spdl.streaming:{seed}:{epoch}:{consumer.index}"
         self.buffer: ShuffleBuffer[Sample] = ShuffleBuffer(
-            buffer_size, f"torch_spdl.streaming:{seed}:{epoch}:{consumer.index}", buffer_initial
+            buffer_size, seed_text, _key, buffer_initial
         )
-        self.cursor = (0, 0, 0)  # (shard pos, next sample number, byte offset)
+        self.cursor = self._begin(0)  # (piece pos, next sample number, byte offset)
         self.delivered = 0
         self.failures: dict[int, int] = {}
         self.drained = False  # the stream ended and the buffer was let out
         self.pending: deque[Sample] = deque()  # drawn, not delivered, in the order drawn
-        self._slots: dict[tuple[int, int], int] = {}  # refills still to come: buffer slots
-        self._pending_slots: dict[tuple[int, int], int] = {}  # and restored pending ones
+        self._loaded: dict[str, Any] | None = None  # the restored state, until settled
+        self._buffered: set[tuple[int, int]] = set()  # restored buffer samples to come
+        self._pending_slots: dict[tuple[int, int], int] = {}  # restored pending ones
         self._restored: list[Sample | None] = []  # the restored pending samples, in order
-        self._restored_spans: list[tuple[int, int, int, int]] = []
-        self._refills: list[tuple[int, int, int, int]] = []
+        self._refills: list[Run] = []  # what to read back: the pending and buffered ones
         if state is not None:
             self._restore(state)
+
+    def _begin(self, pos: int) -> tuple[int, int, int]:
+        if pos >= len(self.pieces):
+            return (pos, 0, 0)
+        piece = self.pieces[pos]
+        return (pos, piece.first_index, piece.start)
 
     # -- the stream's tasks ---------------------------------------------------------------
     def tasks(self) -> list[ShardTask]:
         """What to read: the pending and buffered samples back, then from the cursor on."""
         if self.exhausted:
             return []
-        tasks = _refill_tasks(self.urls, self._refills)
+        tasks = [
+            ShardTask(pos, self.pieces[pos].url, start, first, end, refill=True)
+            for pos, first, _, start, end in merge_runs(self._refills)
+        ]
         pos, index, offset = self.cursor
-        if pos < len(self.urls):
-            tasks.append(ShardTask(pos, self.urls[pos], offset, index))
-            tasks.extend(ShardTask(p, self.urls[p]) for p in range(pos + 1, len(self.urls)))
+        if pos < len(self.pieces):
+            piece = self.pieces[pos]
+            tasks.append(ShardTask(pos, piece.url, offset, index, piece.end))
+            tasks.extend(
+                ShardTask(p, q.url, q.start, q.first_index, q.end)
+                for p, q in enumerate(self.pieces[pos + 1 :], pos + 1)
+            )
         return tasks
 
     # -- delivery -------------------------------------------------------------------------
     def take(self, item: Sample | Failed | ShardEnd) -> Iterator[Sample]:
         """The raw samples ``item`` lets out of the buffer, to be decoded and handed back
         to :meth:`settle` in this order (each is pending from here on)."""
-        key = (item.pos, item.index) if isinstance(item, (Sample, Failed)) else None
-        if isinstance(item, Sample) and key in self._pending_slots:  # read back
-            self._restored[self._pending_slots.pop(key)] = item
-            return
-        if isinstance(item, Sample) and key in self._slots:  # a restored buffer's sample
-            self.buffer.items[self._slots.pop(key)] = item
-            return
+        if isinstance(item, Sample):
+            key = _key(item)
+            if key in self._pending_slots:  # read back
+                self._restored[self._pending_slots.pop(key)] = item
+                return
+            if key in self._buffered:  # a restored buffer's sample
+                self._buffered.discard(key)
+                self.buffer.insert(item)
+                return
         if isinstance(item, ShardEnd):
             if item.pos >= self.cursor[0]:
-                self.cursor = (item.pos + 1, 0, 0)
+                self.cursor = self._begin(item.pos + 1)
             return
         if isinstance(item, Failed):
-            self._failed(item)
+            self._count_failure(item.pos, item.url, item.error)
             return
         yield from self._settle_refills()
         self.cursor = (item.pos, item.index + 1, item.end)
@@ -144,7 +170,7 @@ class Progress:
 
     def settle(self, item: Sample | Failed) -> tuple[bool, Any]:
         """The oldest pending sample, back from decoding: ``(True, value)`` to deliver,
-        or ``(False, None)`` for a sample that failed to decode (held to its shard's
+        or ``(False, None)`` for a sample that failed to decode (held to its piece's
         budget: one over it raises :class:`ShardFailure`)."""
         drawn = self.pending.popleft()
         assert (drawn.pos, drawn.index) == (item.pos, item.index), "settled out of order"
@@ -156,29 +182,21 @@ class Progress:
 
     def _settle_refills(self) -> Iterator[Sample]:
         """Once the read-back is over: the restored pending samples go out first."""
-        if self._slots or self._pending_slots:
-            # A sample that could not be read back (it failed this time): its slot goes,
-            # and the order from here differs from the interrupted run's.
-            lost = len(self._slots) + len(self._pending_slots)
+        if self._loaded is None:
+            return
+        self._loaded = None
+        if self._buffered or self._pending_slots:
+            # A sample that could not be read back (it failed this time) is lost, and the
+            # order from here differs from the interrupted run's.
+            lost = len(self._buffered) + len(self._pending_slots)
             _LG.warning("resume: %d buffered sample(s) could not be read back", lost)
-            self._slots.clear()
+            self._buffered.clear()
             self._pending_slots.clear()
-            self.buffer.items = [s for s in self.buffer.items if s is not None]
         restored, self._restored = self._restored, []
         for sample in restored:
             if sample is not None:
                 self.pending.append(sample)
                 yield sample
-
-    def _failed(self, item: Failed) -> None:
-        key = (item.pos, item.index)
-        if item.index >= 0 and key in self._slots:
-            self._slots.pop(key)
-        elif item.index >= 0 and key in self._pending_slots:
-            self._pending_slots.pop(key)
-        elif item.index >= 0:
-            self.cursor = (item.pos, item.index + 1, item.end)
-        self._count_failure(item.pos, item.url, item.error)
 
     def _count_failure(self, pos: int, url: str, error: BaseException) -> None:
         count = self.failures.get(pos, 0) + 1
@@ -196,68 +214,52 @@ class Progress:
 
     # -- the state ------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        if self._loaded is not None:  # restored, not read back yet: as it was saved
+            return dict(self._loaded)
         c = self.consumer
-        items = [s for s in self.buffer.items if s is not None]
-        pending = [[s.pos, s.index, s.start, s.end] for s in self.pending]
-        if self._restored:  # restored, not let out again yet: as they were saved
-            pending += [list(span) for span in self._restored_spans]
-        return {
+        spans = [(s.pos, s.index, s.start, s.end) for s in self.buffer.items]
+        state = {
             "version": STATE_VERSION,
             "epoch": self.epoch,
             "consumer": [c.rank, c.world_size, c.worker, c.num_workers],
-            "num_shards": len(self.urls),
+            "num_pieces": len(self.pieces),
             "cursor": list(self.cursor),
-            "pending": pending,
-            "buffer": [[s.pos, s.index, s.start, s.end] for s in items],
-            "rng": self.buffer.get_rng_state(),
+            "pending": [[s.pos, s.index, s.start, s.end] for s in self.pending],
+            "buffer": pack_runs(runs_of(spans)),
+            "draws": self.buffer.draws,
             "pushed": self.buffer.pushed,
             "delivered": self.delivered,
             "failures": dict(self.failures),
             "exhausted": self.exhausted,
         }
+        if self.record_pieces:
+            state["pieces"] = [[p.url, p.start, p.end, p.first_index] for p in self.pieces]
+        return state
 
     def _restore(self, state: dict[str, Any]) -> None:
-        if state.get("version") not in (1, 2, STATE_VERSION):
-            raise ValueError(f"unknown streaming state version {state.get('version')!r}")
-        pos, index, offset = (int(x) for x in state["cursor"])
-        self.cursor = (pos, index, offset)
+        version = state.get("version")
+        if version not in (1, 2, 3, STATE_VERSION):
+            raise ValueError(f"unknown streaming state version {version!r}")
+        self.cursor = tuple(int(x) for x in state["cursor"])  # type: ignore[assignment]
         self.delivered = int(state["delivered"])
         self.failures = {int(k): int(v) for k, v in state["failures"].items()}
         self.drained = bool(state["exhausted"])
-        self.buffer.set_rng_state(state["rng"])
-        if "pushed" in state:
-            self.buffer.pushed = int(state["pushed"])
-        else:  # saved by a buffer that let nothing out before it was full
-            self.buffer.initial = self.buffer.size
-        spans = [(int(p), int(i), int(s), int(e)) for p, i, s, e in state["buffer"]]
         pending = [(int(p), int(i), int(s), int(e)) for p, i, s, e in state.get("pending", [])]
-        self._refills = pending + spans
-        self.buffer.items = [None] * len(spans)  # type: ignore[list-item]
-        self._slots = {(s[0], s[1]): i for i, s in enumerate(spans)}
+        if version == STATE_VERSION:
+            self.buffer.draws = int(state["draws"])
+            self.buffer.pushed = int(state["pushed"])
+            runs = unpack_runs(state["buffer"])
+        else:
+            runs = runs_of((int(p), int(i), int(s), int(e)) for p, i, s, e in state["buffer"])
+            self.buffer.pushed = self.buffer.size  # its ramp was over
+            if runs or pending:
+                _LG.warning(
+                    "resume: a state of an earlier torch_spdl (version %s): the samples of "
+                    "its shuffle buffer come back, each once, in another order",
+                    version,
+                )
+        self._loaded = dict(state)
+        self._buffered = {(p, i) for p, first, n, _, _ in runs for i in range(first, first + n)}
+        self._refills = runs_of(pending) + runs
         self._restored = [None] * len(pending)
-        self._restored_spans = pending
-        self._pending_slots = {(s[0], s[1]): i for i, s in enumerate(pending)}
-
-
-def _refill_tasks(
-    urls: Sequence[str], spans: Sequence[tuple[int, int, int, int]]
-) -> list[ShardTask]:
-    """Ranged reads that bring back the samples ``(pos, index, start, end)``: one per run
-    of samples of one shard that lie within ``_MERGE_GAP`` of each other (that touch)."""
-    by_shard: dict[int, list[tuple[int, int, int]]] = {}
-    for pos, index, start, end in spans:
-        by_shard.setdefault(pos, []).append((start, end, index))
-    tasks: list[ShardTask] = []
-    for pos in sorted(by_shard):
-        runs: list[list[tuple[int, int, int]]] = []
-        for span in sorted(by_shard[pos]):
-            if runs and span[0] - runs[-1][-1][1] <= _MERGE_GAP:
-                runs[-1].append(span)
-            else:
-                runs.append([span])
-        for run in runs:
-            wanted = tuple((start, index) for start, _, index in run)
-            tasks.append(
-                ShardTask(pos, urls[pos], run[0][0], end=max(e for _, e, _ in run), wanted=wanted)
-            )
-    return tasks
+        self._pending_slots = {(p, i): k for k, (p, i, _, _) in enumerate(pending)}

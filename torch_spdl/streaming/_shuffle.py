@@ -1,4 +1,4 @@
-"""A bounded shuffle buffer whose state can be saved and restored.
+"""A bounded shuffle buffer whose state is small and can be restored exactly.
 
 Shards are shuffled by epoch (:mod:`._plan`), but samples inside a shard stay together;
 the buffer mixes them: it holds up to ``size`` samples and, once full, hands out one
@@ -12,15 +12,22 @@ for each one it lets out, so it still grows to ``size``: the first samples of an
 are drawn from fewer, the price of a first batch after ``initial`` samples rather than
 ``size`` (webdataset's ``shuffle(n, initial=100)`` makes the same trade).
 
-For an exact resume its state is the identities of the samples it holds, in slot order,
-how many it has taken in, and its RNG's state; the RNG is a ``random.Random`` of its own,
-seeded from the data set's seed, the epoch and the consumer, never the global one.
+Two choices keep the state an exact resume needs small:
+
+- the items are kept sorted by a key (the sample's place in the stream), and a draw picks
+  the i-th of them: which samples the buffer holds is then all there is to know, not the
+  slots they sit in (a set, which :mod:`._spans` stores in runs);
+- draw number ``n`` is a hash of the seed and ``n`` (BLAKE2b), so the RNG's state is one
+  count, where a ``random.Random`` has 625 words. The global RNGs are never used.
+
+What is drawn has the distribution of the usual scheme (each held item equally likely).
 """
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
+import bisect
+import hashlib
+from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 __all__ = ["ShuffleBuffer"]
@@ -29,29 +36,38 @@ T = TypeVar("T")
 
 
 class ShuffleBuffer(Generic[T]):
-    """Up to ``size`` items; ``push`` returns one drawn at random once it holds
-    ``initial`` (every other push until it is full, then every push).
+    """Up to ``size`` items, sorted by ``key``; ``push`` returns one drawn at random once
+    it holds ``initial`` (every other push until it is full, then every push).
 
     Args:
         size: how many items it holds (0 or 1: no shuffling, items pass straight on).
-        seed: seeds its own RNG.
+        seed: seeds its draws.
+        key: what the items are kept sorted by (unique per item).
         initial: how many it holds before the first goes out (at most ``size``).
     """
 
-    def __init__(self, size: int, seed: str | int, initial: int | None = None) -> None:
+    def __init__(
+        self, size: int, seed: str, key: Callable[[T], Any], initial: int | None = None
+    ) -> None:
         if size < 0:
             raise ValueError(f"the shuffle buffer size must be non-negative, got {size}")
         self.size = size
         self.initial = size if initial is None else max(1, min(initial, size))
-        self.rng = random.Random(seed)
+        self.key = key
+        self._seed = hashlib.blake2b(seed.encode(), digest_size=16).digest()
         self.items: list[T] = []
         self.pushed = 0
+        self.draws = 0
+
+    def insert(self, item: T) -> None:
+        """Hold ``item`` without drawing (a restored buffer's)."""
+        bisect.insort(self.items, item, key=self.key)
 
     def push(self, item: T) -> T | None:
         """Take ``item``; return the item drawn to go out, or None while filling."""
         if self.size <= 1:
             return item
-        self.items.append(item)
+        self.insert(item)
         self.pushed += 1
         held = len(self.items)
         if held >= self.size or (held >= self.initial and self.pushed % 2 == 0):
@@ -64,19 +80,8 @@ class ShuffleBuffer(Generic[T]):
             yield self._draw()
 
     def _draw(self) -> T:
-        items = self.items
-        i = self.rng.randrange(len(items))
-        items[i], items[-1] = items[-1], items[i]
-        return items.pop()
-
-    def get_rng_state(self) -> Any:
-        return self.rng.getstate()
-
-    def set_rng_state(self, state: Any) -> None:
-        self.rng.setstate(_as_state(state))
-
-
-def _as_state(state: Any) -> Any:
-    """``random.Random`` state back from a checkpoint that turned tuples into lists."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
+        digest = hashlib.blake2b(
+            self._seed + self.draws.to_bytes(8, "little"), digest_size=8
+        ).digest()
+        self.draws += 1
+        return self.items.pop(int.from_bytes(digest, "little") % len(self.items))

@@ -51,17 +51,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ShardTask:
-    """Read ``url`` from byte ``start``: a shard of the epoch (``pos`` in the consumer's
-    list; samples numbered from ``first_index``), or, with ``wanted``, only the samples
-    that start at the given offsets, within ``[start, end)`` (refilling a restored
-    shuffle buffer)."""
+    """Read ``url`` from byte ``start`` to ``end`` (None: its end): a piece of the epoch
+    (``pos`` in the consumer's list; samples numbered from ``first_index``), or, with
+    ``refill``, a run of samples a restored state names (no :class:`ShardEnd` follows)."""
 
     pos: int
     url: str
     start: int = 0
     first_index: int = 0
     end: int | None = None
-    wanted: tuple[tuple[int, int], ...] | None = None  # (start offset, sample index)
+    refill: bool = False
 
 
 @dataclass
@@ -175,7 +174,7 @@ class _Locate:
         unchanged), or one downloaded now when the task reads the whole shard; a task of
         part of a shard without a valid copy reads the object (``_remote``)."""
         total, tag = await self.store.info(task.url)
-        whole = task.start == 0 and task.end is None
+        whole = task.start == 0 and task.end is None and not task.refill
         entry = await asyncio.to_thread(cache.open, task.url, total, tag, whole)
         if entry is None:
             return await self._remote(task)
@@ -267,22 +266,16 @@ class _Split:
             self._broken = True
             error.add_note(f"in shard {task.url}")
             yield Failed(task.pos, -1, task.url, None, error)
-            if task.wanted is None:
+            if not task.refill:
                 yield ShardEnd(task.pos, task.url)
             return
-        if chunk.last and task.wanted is None:
+        if chunk.last and not task.refill:
             self._broken = True  # whatever follows the end of the archive is not read
             yield ShardEnd(task.pos, task.url)
 
     def _samples(self, task: ShardTask, raws: list[Any]) -> Iterator[Sample]:
-        wanted = dict(task.wanted) if task.wanted is not None else None
         for raw in raws:
-            if wanted is not None:
-                index = wanted.get(raw.start)
-                if index is None:
-                    continue
-            else:
-                index, self._index = self._index, self._index + 1
+            index, self._index = self._index, self._index + 1
             yield Sample(task.pos, index, task.url, raw.key, raw.start, raw.end, raw.fields)
 
 

@@ -1,0 +1,128 @@
+"""A stream saved at W ranks x K workers resumed at W' x K': the rest of the epoch is
+exactly the samples not delivered, each once (against a loopback HTTP server)."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("aiohttp")
+pytest.importorskip("fsspec")
+
+import torch_spdl  # noqa: E402
+from torch_spdl.streaming import RetryPolicy, StreamingDataset, elastic_state  # noqa: E402
+from torch_spdl.streaming.testing import LocalHTTP, write_shard  # noqa: E402
+
+NUM_SHARDS, PER_SHARD = 7, 10
+FAST_RETRY = RetryPolicy(attempts=4, backoff=0.01, timeout=120.0)
+SHARDS = {
+    f"train-{s:03d}.tar": write_shard(
+        {"__key__": f"s{s}/{i:03d}", "cls": str(s * 100 + i)} for i in range(PER_SHARD)
+    )
+    for s in range(NUM_SHARDS)
+}
+ALL = sorted(s * 100 + i for s in range(NUM_SHARDS) for i in range(PER_SHARD))
+
+
+@pytest.fixture(scope="module")
+def http() -> Any:
+    with LocalHTTP(dict(SHARDS)) as server:
+        server.urls = [server.url(n) for n in SHARDS]
+        yield server
+
+
+def _dataset(http: Any, rank: int, world: int, **kwargs: Any) -> StreamingDataset:
+    kwargs.setdefault("shuffle_buffer", 6)
+    kwargs.setdefault("shuffle_initial", 3)
+    return StreamingDataset(
+        http.urls,
+        rank=rank,
+        world_size=world,
+        seed=11,
+        even_out=False,
+        retry=FAST_RETRY,
+        **kwargs,
+    )
+
+
+def _resume(state: dict[str, Any], http: Any, rank: int, world: int, **kw: Any) -> Any:
+    ds = _dataset(http, rank, world, **kw)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds.load_state_dict(state)
+    assert any("each once" in str(w.message) for w in caught)  # what is given up, said
+    return ds
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    world=st.integers(1, 3),
+    new_world=st.integers(1, 3),
+    stops=st.lists(st.integers(0, 40), min_size=3, max_size=3),
+    twice=st.booleans(),
+)
+def test_a_resume_on_other_ranks_delivers_exactly_the_rest(
+    http: Any, world: int, new_world: int, stops: list[int], twice: bool
+) -> None:
+    head: list[int] = []
+    states = []
+    for rank in range(world):
+        ds = _dataset(http, rank, world)
+        it = iter(ds)
+        head += [int(next(it)["cls"]) for _ in range(min(stops[rank], len(ds.shards()) * 10))]
+        states.append(pickle.loads(pickle.dumps(ds.state_dict())))  # as a checkpoint holds it
+        it.close()
+    run = elastic_state(states)
+    tail: list[int] = []
+    if twice:  # resumed elastically, stopped again, resumed on yet another number
+        again = []
+        for rank in range(new_world):
+            ds = _resume(run, http, rank, new_world)
+            it = iter(ds)
+            tail += [int(s["cls"]) for _, s in zip(range(stops[rank] // 2), it, strict=False)]
+            again.append(ds.state_dict())
+            it.close()
+        run, new_world = elastic_state(again), 1 + new_world % 3
+    for rank in range(new_world):
+        tail += [int(s["cls"]) for s in _resume(run, http, rank, new_world)]
+    assert sorted(head + tail) == ALL  # every sample, none twice
+    assert not set(head) & set(tail)
+
+
+def test_two_ranks_of_two_workers_resume_on_one_rank_of_three(http: Any) -> None:
+    """As a preempted job does: every rank's loader state gathered, the run resumed with
+    fewer ranks and more workers per rank."""
+    head: list[int] = []
+    states = []
+    for rank in range(2):
+        loader = torch_spdl.DataLoader(_dataset(http, rank, 2), batch_size=3, num_workers=2)
+        it = iter(loader)
+        head += [int(c) for _ in range(2 + rank) for c in next(it)["cls"]]
+        states.append(loader.state_dict())
+        del it
+    run = elastic_state(states)
+    ds = _resume(run, http, 0, 1)
+    tail = [
+        int(c) for b in torch_spdl.DataLoader(ds, batch_size=3, num_workers=3) for c in b["cls"]
+    ]
+    assert Counter(head + tail) == Counter(ALL)
+
+
+def test_a_missing_rank_is_an_error_not_a_loss(http: Any) -> None:
+    ds = _dataset(http, 1, 2)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    it.close()
+    with pytest.raises(ValueError, match=r"missing.*rank=0"):
+        elastic_state([state])
+    other = _dataset(http, 0, 3)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="elastic_state"):
+        next(iter(other))
