@@ -1,40 +1,44 @@
-"""Streaming WebDataset shards from S3: torch_spdl.streaming against webdataset's loader,
-each inside the same training loop.
+"""Streaming WebDataset shards from S3 and HTTP: torch_spdl.streaming against webdataset and
+litdata, each inside the same training loop.
 
-    .venv/bin/python benchmarks/streaming.py --quick     # 8 shards x 64 small JPEGs, 2 runs a side
-    .venv/bin/python benchmarks/streaming.py             # 64 shards x 256 JPEGs (320x240), 3 a side
+    .venv/bin/python benchmarks/streaming.py --quick     # 8 shards x 64 small JPEGs, 2 rounds
+    .venv/bin/python benchmarks/streaming.py             # 64 shards x 256 JPEGs (320x240), 3
+    .venv/bin/python benchmarks/streaming.py --size 16 64 --suites http,cache
 
-The same shards (``__key__.jpg`` + ``__key__.cls``) are put on moto's S3 server, run in a
-process of its own on 127.0.0.1 with 20 ms added to every request (``--latency``), and
-read by:
+The server process (``_streaming_runs.py``) makes the shards (``__key__.jpg`` +
+``__key__.cls``) and serves them from moto's S3 and from a plain HTTP server (``Range``,
+ETags), both on 127.0.0.1 with 20 ms added to every request (``--latency``), and as files
+in a local directory. The suites (``--suites``, all by default):
 
-- ``torch_spdl``: ``torch_spdl.DataLoader(StreamingDataset(urls, image_size=(224, 224)),
+- ``s3``: ``torch_spdl.DataLoader(StreamingDataset(urls, image_size=(224, 224)),
   batch_size=64, num_workers=2)``, the defaults otherwise (a shuffle buffer of 1000 raw
-  samples per worker, decoded after it);
-- ``webdataset``: ``WebDataset(urls, shardshuffle=100).shuffle(1000).decode("pil")
-  .to_tuple("jpg", "cls").map_tuple(Resize((224, 224)) + PILToTensor, int)`` in torch's
-  ``DataLoader(batch_size=64, num_workers=2)``, as its documentation teaches (its
-  ``.shuffle(1000)`` before ``.decode()`` also buffers 1000 raw samples per worker), with
-  the S3 objects opened through fsspec (an ``s3`` opener registered in
-  ``webdataset.gopen_schemes``: what a user without the aws CLI writes).
+  samples per worker, decoded after it), against webdataset as its documentation teaches:
+  ``WebDataset(urls, shardshuffle=100).shuffle(1000).decode("pil").to_tuple("jpg", "cls")
+  .map_tuple(Resize((224, 224)) + PILToTensor, int)`` in torch's ``DataLoader(batch_size=
+  64, num_workers=2)``, the objects opened through fsspec (an ``s3`` opener registered in
+  ``webdataset.gopen_schemes``: what a user without the aws CLI writes);
+- ``http``: the same two over HTTP, webdataset opening the URLs its default way (a
+  ``curl`` process per shard);
+- ``cache``: torch_spdl with ``cache_dir`` over S3 for two epochs (the first downloads
+  into the cache, the second reads it), against torch_spdl on the same shards as local
+  files, two epochs;
+- ``litdata``: litdata on its own format (``litdata.optimize`` of the same samples, one
+  chunk per shard's bytes) on the same S3 server, ``StreamingDataset(shuffle=True,
+  cache_dir=...)`` with a torchvision resize to 224x224 as its transform, in its
+  ``StreamingDataLoader(batch_size=64, num_workers=2)``, two epochs (its cache keeps the
+  chunks), against torch_spdl's cached run above (when litdata is installed).
 
-Both give ``uint8`` batches ``(64, 3, 224, 224)`` and shuffle shards and samples. A data
-loader is judged inside a training script: every batch goes to the same consumer
-(``--consumer``, from ``_consumers.py``, shared with ``swap.py``): ``train`` (default: a
-small CNN's forward, backward and SGD step on the batch's first 32 images cropped to 64x64,
-at torch's default intra-op threads, in the training process), ``touch`` (read every page),
-``gpu`` (a GPU step's host cost) or ``count`` (nothing: the loader alone).
-
-Each run is one epoch in a fresh process, the two loaders alternating; figures are medians
-(min-max) of the runs: samples/s of the whole loop; CPU seconds per 1,000 samples of the
-whole process tree (the run's process and its worker processes, ``getrusage``: this
-*includes* the consumer's training step), and of the loader alone (the same, less the CPU
-the consumer used: the training process's main thread inside the consumer call, plus
-torch's intra-op threads, which only the consumer uses); and peak PSS of the run's process
-tree, sampled every 50 ms from outside in one more run a side that is not timed (the
-sampler costs the run it watches CPU: ``_measure``'s notes). ``--out DIR`` also writes the table to
-``DIR/streaming.md`` (with the command and the machine), which the benchmark report
-includes.
+A data loader is judged inside a training script: every batch goes to the same consumer
+(``--consumer``, from ``_consumers.py``): ``train`` (default: a small CNN's forward,
+backward and SGD step on the batch's first 32 images cropped to 64x64, in the training
+process), ``touch``, ``gpu`` or ``count``. Each run is a fresh process; the runs of a
+round go in one order, the next round in the reverse order. Figures are medians (min-max)
+over the rounds: samples/s; the first batch (seconds from the loader's construction);
+CPU seconds per 1,000 samples of the whole process tree (``getrusage``; it *includes* the
+training step) and of the loader alone (less the consumer's CPU); the CPU the rest of the
+machine used meanwhile (a shared machine's noise); peak PSS (the ``s3`` suite, one more
+run a side, not timed: the sampler costs CPU). ``--out DIR`` writes the tables to
+``DIR/streaming.md`` with the command and the machine.
 """
 
 from __future__ import annotations
@@ -42,264 +46,224 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import io
 import json
 import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-
-# -- the server process ------------------------------------------------------------------
-def _jpeg(rng: Any, width: int, height: int) -> bytes:
-    import numpy as np
-    from PIL import Image
-
-    y, x = np.mgrid[0:height, 0:width]
-    base = (x * rng.integers(1, 4) + y * rng.integers(1, 4)) % 256
-    pixels = np.stack([base, base[::-1], (base + rng.integers(0, 255)) % 256], axis=-1)
-    pixels = (pixels + rng.integers(0, 24, pixels.shape)).clip(0, 255).astype(np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format="JPEG", quality=85)
-    return out.getvalue()
-
-
-def serve(shards: int, per_shard: int, width: int, height: int, latency: float) -> None:
-    """Make the shards, start the S3 server, print its endpoint and the URLs, wait."""
-    import numpy as np
-
-    from torch_spdl.streaming.testing import LocalS3, write_shard
-
-    rng = np.random.default_rng(0)
-    with LocalS3() as s3:
-        urls, total = [], 0
-        for s in range(shards):
-            samples = [
-                {
-                    "__key__": f"{s:04d}/{i:05d}",
-                    "jpg": _jpeg(rng, width, height),
-                    "cls": str(i % 10),
-                }
-                for i in range(per_shard)
-            ]
-            body = write_shard(samples)
-            total += len(body)
-            urls.append(s3.put("bench", f"train-{s:04d}.tar", body))
-        s3.faults.latency = latency
-        print(json.dumps({"options": s3.storage_options, "urls": urls, "bytes": total}), flush=True)
-        sys.stdin.read()  # until the parent closes our stdin
+SUITES = ("s3", "http", "cache", "litdata")
+# name -> (impl, transport, epochs, cache)
+RUNS: dict[str, tuple[str, str, int, bool]] = {
+    "torch_spdl s3": ("torch_spdl", "s3", 1, False),
+    "webdataset s3": ("webdataset", "s3", 1, False),
+    "torch_spdl http": ("torch_spdl", "http", 1, False),
+    "webdataset http": ("webdataset", "http", 1, False),
+    "torch_spdl s3+cache": ("torch_spdl", "s3", 2, True),
+    "torch_spdl local": ("torch_spdl", "local", 2, False),
+    "litdata s3+cache": ("litdata", "s3", 2, True),
+}
+SUITE_RUNS = {
+    "s3": ["torch_spdl s3", "webdataset s3"],
+    "http": ["torch_spdl http", "webdataset http"],
+    "cache": ["torch_spdl s3+cache", "torch_spdl local"],
+    "litdata": ["litdata s3+cache", "torch_spdl s3+cache"],
+}
 
 
-# -- one measured run (a fresh process) --------------------------------------------------
-def _loader(
-    impl: str,
-    urls: list[str],
-    options: dict[str, Any],
-    batch: int,
-    workers: int,
-    spdl_kwargs: dict[str, Any],
-) -> Any:
-    if impl == "torch_spdl":
-        import torch_spdl
-        from torch_spdl.streaming import StreamingDataset
-
-        ds = StreamingDataset(urls, image_size=(224, 224), storage_options=options, **spdl_kwargs)
-        return torch_spdl.DataLoader(ds, batch_size=batch, num_workers=workers)
-    import fsspec
-    import torch
-    import torchvision.transforms as T
-    import webdataset as wds
-
-    s3_options = options["s3"]
-
-    def open_s3(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Any:
-        return fsspec.open(url, mode, **s3_options).open()
-
-    wds.gopen_schemes["s3"] = open_s3
-    transform = T.Compose([T.Resize((224, 224)), T.PILToTensor()])
-    ds = (
-        wds.WebDataset(urls, shardshuffle=100, empty_check=False)
-        .shuffle(1000)
-        .decode("pil")
-        .to_tuple("jpg", "cls")
-        .map_tuple(transform, int)
-    )
-    return torch.utils.data.DataLoader(ds, batch_size=batch, num_workers=workers)
-
-
-def _images(batch: Any) -> Any:
-    return batch["jpg"] if isinstance(batch, dict) else batch[0]
-
-
-class _ConsumerCpu:
-    """The CPU a consumer uses in the training process: its main thread's inside the
-    consumer calls, plus the threads the consumer started (torch's intra-op pool, made by
-    a warm-up call before the clock), which nothing else in the process runs on."""
-
-    def __init__(self, consume: Any) -> None:
-        import psutil
-
-        self.proc = psutil.Process()
-        before = {t.id for t in self.proc.threads()}
-        consume(None)  # a warm-up step on the fixed input: its threads exist from here
-        self.own = {t.id for t in self.proc.threads()} - before
-        self.consume = consume
-        self.main_s = 0.0
-        self._threads_start = self._threads_cpu()
-
-    def _threads_cpu(self) -> float:
-        return sum(t.user_time + t.system_time for t in self.proc.threads() if t.id in self.own)
-
-    def __call__(self, batch: Any) -> None:
-        t0 = time.thread_time()
-        self.consume(batch)
-        self.main_s += time.thread_time() - t0
-
-    def cpu_s(self) -> float:
-        return self.main_s + self._threads_cpu() - self._threads_start
-
-
-def run_once(
-    impl: str, setup: dict[str, Any], batch: int, workers: int, consumer: str
-) -> dict[str, Any]:
-    import gc
-
-    import fsspec  # noqa: F401  (imports are not what is measured)
-    import s3fs  # noqa: F401
-    import torchvision.transforms  # noqa: F401
-    import webdataset  # noqa: F401
-    from _consumers import consumer_of
-    from _measure import CpuMeter
-
-    import torch_spdl.data  # noqa: F401
-    import torch_spdl.streaming  # noqa: F401
-    from torch_spdl.io import load_image  # noqa: F401  (torch_spdl.io loads it lazily)
-
-    consume = _ConsumerCpu(consumer_of(consumer))
-    meter = CpuMeter()
-    meter.start()
-    t0 = time.perf_counter()
-    kwargs = setup.get("spdl_kwargs", {})
-    loader = _loader(impl, setup["urls"], setup["options"], batch, workers, kwargs)
-    samples, shape = 0, None
-    for batch_ in loader:
-        consume(batch_)
-        images = _images(batch_)
-        samples += len(images)
-        shape = tuple(images.shape[1:])
-    seconds = time.perf_counter() - t0
-    del loader
-    gc.collect()
-    meter.stop()
-    return {
-        "samples": samples,
-        "seconds": seconds,
-        "cpu_s": meter.cpu_s,
-        "consumer_cpu_s": consume.cpu_s(),
-        "shape": shape,
-    }
-
-
-# -- the side-by-side ----------------------------------------------------------------------
-IMPLS = ("torch_spdl", "webdataset")
-
-
-def _measure(
-    impl: str, setup_file: str, batch: int, workers: int, consumer: str, memory: bool
-) -> dict[str, Any]:
-    """One run in a fresh process; ``memory``: sample its peak PSS (a run of its own, not
-    timed: the sampler costs the run CPU, see ``_measure``'s notes)."""
+def _measure(name: str, setup_file: str, args: Any, memory: bool) -> list[dict[str, Any]]:
+    """One run in a fresh process; ``memory``: sample its peak PSS (not timed)."""
     from _measure import PeakMemory
 
-    cmd = [
-        sys.executable,
-        __file__,
-        "--run",
-        impl,
-        "--setup",
-        setup_file,
-        "--batch",
-        str(batch),
-        "--workers",
-        str(workers),
-        "--consumer",
-        consumer,
-    ]
+    impl, transport, epochs, cache = RUNS[name]
+    run = {
+        "impl": impl,
+        "transport": transport,
+        "epochs": epochs,
+        "cache": cache,
+        "batch": args.batch,
+        "workers": args.workers,
+        "consumer": args.consumer,
+        "state_at": 3,
+    }
+    cmd = [sys.executable, __file__, "--run", json.dumps(run), "--setup", setup_file]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     sampler = PeakMemory(proc.pid) if memory else None
     with sampler or contextlib.nullcontext():
-        out, _ = proc.communicate(timeout=1200)
+        out, _ = proc.communicate(timeout=1800)
     if proc.returncode != 0:
-        raise RuntimeError(f"{impl} run failed (exit {proc.returncode})")
-    result = json.loads(out.strip().splitlines()[-1])
-    result["peak_mib"] = sampler.peak_kb / 1024 if sampler is not None else None
-    return result
+        raise RuntimeError(f"{name} run failed (exit {proc.returncode})")
+    results: list[dict[str, Any]] = json.loads(out.strip().splitlines()[-1])
+    for r in results:
+        r["peak_mib"] = sampler.peak_kb / 1024 if sampler is not None else None
+    return results
 
 
 def _fmt(values: list[float], digits: int = 0) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
     med = statistics.median(values)
     return f"{med:,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
 
 
-def _loader_cpu(r: dict[str, Any]) -> float:
-    return r["cpu_s"] - r["consumer_cpu_s"]
+def _rate(r: dict[str, Any]) -> float:
+    return r["samples"] / r["seconds"]
 
 
-def table(
-    results: dict[str, list[dict[str, Any]]], peaks: dict[str, list[float]], consumer: str
+def _cpu(r: dict[str, Any]) -> float:
+    return 1000 * r["cpu_s"] / r["samples"]
+
+
+def _own(r: dict[str, Any]) -> float:
+    return 1000 * (r["cpu_s"] - r["consumer_cpu_s"]) / r["samples"]
+
+
+def _med(runs: list[dict[str, Any]], fn: Any) -> float:
+    return statistics.median(fn(r) for r in runs)
+
+
+HEADER = [
+    "| loader | epoch | samples/s | first batch, s | CPU s per 1,000 samples, whole loop "
+    "| of which the loader | other processes' CPU, s | peak PSS, MiB | runs |",
+    "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+]
+
+
+def _row(name: str, epoch: int, runs: list[dict[str, Any]], peaks: list[float]) -> str:
+    first = [r["first_s"] for r in runs]
+    foreign = [r["foreign_cpu_s"] for r in runs]
+    return (
+        f"| {name} | {epoch + 1} | {_fmt([_rate(r) for r in runs])} | {_fmt(first, 2)} "
+        f"| {_fmt([_cpu(r) for r in runs], 2)} | {_fmt([_own(r) for r in runs], 2)} "
+        f"| {_fmt(foreign, 1)} | {_fmt(peaks)} | {len(runs)} |"
+    )
+
+
+def _ratio(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[float, float, float]:
+    """a / b: throughput, CPU per sample of the whole loop, of the loader."""
+    return (
+        _med(a, _rate) / _med(b, _rate),
+        _med(a, _cpu) / _med(b, _cpu),
+        _med(a, _own) / _med(b, _own),
+    )
+
+
+def _verdict(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def tables(
+    results: dict[str, list[list[dict[str, Any]]]], peaks: dict[str, list[float]], suites: list[str]
 ) -> list[str]:
-    """The timed runs' figures, and peak PSS from each side's memory runs."""
-    rows = [
-        f"consumer: `{consumer}` (every batch, both loaders)",
-        "",
-        "| loader | samples/s | CPU s per 1,000 samples, whole loop | of which the loader "
-        "| peak PSS, MiB | runs |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for impl, runs in results.items():
-        rate = [r["samples"] / r["seconds"] for r in runs]
-        cpu = [1000 * r["cpu_s"] / r["samples"] for r in runs]
-        own = [1000 * _loader_cpu(r) / r["samples"] for r in runs]
-        pss = peaks[impl]
-        rows.append(
-            f"| {impl} | {_fmt(rate)} | {_fmt(cpu, 2)} | {_fmt(own, 2)} | {_fmt(pss)} "
-            f"| {len(runs)} |"
-        )
-    if all(results.values()) and len(results) == 2:
+    """The suites' tables, from each run name's rounds (a list of epochs each)."""
 
-        def med(impl: str, fn: Any) -> float:
-            return statistics.median(fn(r) for r in results[impl])
+    def epoch(name: str, e: int) -> list[dict[str, Any]]:
+        return [rounds[e] for rounds in results.get(name, []) if len(rounds) > e]
 
-        def ratio(fn: Any) -> float:
-            return med(IMPLS[0], fn) / med(IMPLS[1], fn)
-
-        speed = ratio(lambda r: r["samples"] / r["seconds"])
-        cpu = ratio(lambda r: r["cpu_s"] / r["samples"])
-        own = ratio(lambda r: _loader_cpu(r) / r["samples"])
-        pss = statistics.median(peaks[IMPLS[0]]) / statistics.median(peaks[IMPLS[1]])
+    rows: list[str] = []
+    for suite in suites:
+        names = [n for n in SUITE_RUNS[suite] if results.get(n)]
+        if not names:
+            continue
+        rows += [f"**{suite}**", "", *HEADER]
+        for name in names:
+            for e in range(RUNS[name][2]):
+                rows.append(_row(name, e, epoch(name, e), peaks.get(name, [])))
         rows.append("")
+        if suite in ("s3", "http") and len(names) == 2:
+            ours, theirs = epoch(names[0], 0), epoch(names[1], 0)
+            speed, cpu, own = _ratio(ours, theirs)
+            first = _med(ours, lambda r: r["first_s"]) / _med(theirs, lambda r: r["first_s"])
+            ok = speed >= 1.5 and cpu <= 1.0
+            rows.append(
+                f"torch_spdl / webdataset over {suite} (medians): throughput {speed:.2f}x, CPU per "
+                f"sample {cpu:.2f}x whole loop ({own:.2f}x the loader), first batch {first:.2f}x "
+                f"(targets: >= 1.5x at no more CPU: {_verdict(ok)}; first batch no later: "
+                f"{_verdict(first <= 1.0)})"
+            )
+        if suite == "cache" and len(names) == 2:
+            cached, local = epoch(names[0], 1), epoch(names[1], 1)
+            warm = _med(cached, _rate) / _med(local, _rate)
+            cold = _med(cached, _rate) / _med(epoch(names[0], 0), _rate)
+            rows.append(
+                f"second epoch from the cache: {warm:.2f}x the local files' second epoch "
+                f"(target >= 0.95: {_verdict(warm >= 0.95)}), {cold:.2f}x its own first epoch"
+            )
+        if suite == "litdata" and len(names) == 2:
+            for e in (0, 1):
+                speed, cpu, own = _ratio(epoch(names[1], e), epoch(names[0], e))
+                rows.append(
+                    f"epoch {e + 1}: torch_spdl / litdata throughput {speed:.2f}x, CPU per sample "
+                    f"{cpu:.2f}x whole loop ({own:.2f}x the loader) (target >= 1.2x at no "
+                    f"more CPU: {_verdict(speed >= 1.2 and cpu <= 1.0)})"
+                )
+        rows.append("")
+    states = [
+        r["state_bytes"]
+        for rounds in results.values()
+        for epochs in rounds
+        for r in epochs
+        if r.get("state_bytes")
+    ]
+    if states:
         rows.append(
-            f"torch_spdl / webdataset (medians): throughput {speed:.2f}x; CPU per sample "
-            f"{cpu:.2f}x whole loop, {own:.2f}x the loader alone; peak PSS {pss:.2f}x "
-            f"(target: throughput >= 1.5x at no more CPU per sample: "
-            f"{'met' if speed >= 1.5 and cpu <= 1.0 else 'not met'})"
+            f"torch_spdl's resumable state, one worker, after its 4th batch (the shuffle buffer "
+            f"filling): {_fmt([s / 1024 for s in states], 1)} KiB pickled"
         )
     return rows
+
+
+def _server(args: Any, shards: int, per_shard: int, w: int, h: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, __file__, "--serve", *map(str, (shards, per_shard, w, h))]
+        + ["--latency", str(args.latency)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _rounds(args: Any, setup: dict[str, Any], setup_file: Path, names: list[str]) -> Any:
+    results: dict[str, list[list[dict[str, Any]]]] = {n: [] for n in names}
+    peaks: dict[str, list[float]] = {n: [] for n in names}
+    expected = len(setup["s3"]) * args.per_shard
+    memory = [n for n in ("torch_spdl s3", "webdataset s3") if n in names and args.memory]
+    for r in range(-1, args.repeats):
+        order = memory if r < 0 else (names if r % 2 == 0 else names[::-1])
+        for name in order:
+            out = _measure(name, str(setup_file), args, memory=r < 0)
+            for e in out:
+                assert e["samples"] == expected and tuple(e["shape"]) == (3, 224, 224), (name, e)
+            if r < 0:
+                peaks[name].append(out[0]["peak_mib"])
+                print(f"  {name}: peak {out[0]['peak_mib']:.0f} MiB (memory run)", flush=True)
+                continue
+            results[name].append(out)
+            line = "; ".join(
+                f"epoch {i + 1}: {_rate(e):,.0f} samples/s, first {e['first_s']:.2f} s, "
+                f"{_cpu(e):.2f} CPU s/1k ({_own(e):.2f} the loader)"
+                for i, e in enumerate(out)
+            )
+            print(f"  {name}: {line}", flush=True)
+    return results, peaks
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeats", type=int, default=None, help="runs a side")
+    parser.add_argument("--size", nargs=2, type=int, metavar=("SHARDS", "PER_SHARD"))
+    parser.add_argument("--repeats", type=int, default=None, help="rounds")
+    parser.add_argument("--suites", default=",".join(SUITES), help=f"of {', '.join(SUITES)}")
     parser.add_argument("--latency", type=float, default=0.02, help="added per request, s")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--no-memory", dest="memory", action="store_false")
     parser.add_argument(
         "--consumer",
         choices=("train", "touch", "gpu", "count"),
@@ -310,94 +274,65 @@ def main() -> int:
         "--spdl-kwargs",
         type=json.loads,
         default={},
-        help="JSON: StreamingDataset arguments for the torch_spdl side (experiments; "
-        "the report's figures use the defaults, {})",
+        help="JSON: StreamingDataset arguments for the torch_spdl side (experiments)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write DIR/streaming.md")
     parser.add_argument("--serve", nargs=4, type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--run", choices=IMPLS, help=argparse.SUPPRESS)
+    parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--setup", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from _streaming_runs import run_once, serve
+
     if args.serve:
         serve(*args.serve, latency=args.latency)
         return 0
     if args.run:
         setup = json.loads(Path(args.setup).read_text())
-        print(json.dumps(run_once(args.run, setup, args.batch, args.workers, args.consumer)))
+        print(json.dumps(run_once(setup, json.loads(args.run))))
         return 0
 
     shards, per_shard, (w, h) = (8, 64, (160, 120)) if args.quick else (64, 256, (320, 240))
-    repeats = args.repeats or (2 if args.quick else 3)
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            __file__,
-            "--serve",
-            str(shards),
-            str(per_shard),
-            str(w),
-            str(h),
-            "--latency",
-            str(args.latency),
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    if args.size:
+        shards, per_shard = args.size
+    args.per_shard = per_shard
+    args.repeats = args.repeats or (2 if args.quick else 3)
+    suites = [s for s in args.suites.split(",") if s]
+    server = _server(args, shards, per_shard, w, h)
     try:
         assert server.stdout is not None
         setup = json.loads(server.stdout.readline())
+        if setup["litdata"] is None and "litdata" in suites:
+            print("litdata is not installed: its suite is left out", flush=True)
+            suites.remove("litdata")
+        names = list(dict.fromkeys(n for s in suites for n in SUITE_RUNS[s]))
         setup_file = Path(f"/tmp/torch_spdl_streaming_bench_{os.getpid()}.json")
         setup_file.write_text(json.dumps({**setup, "spdl_kwargs": args.spdl_kwargs}))
         header = (
             f"{shards} shards x {per_shard} JPEG samples ({w}x{h}, "
-            f"{setup['bytes'] / 2**20:.0f} MiB) on moto S3 (127.0.0.1, "
-            f"{args.latency * 1000:.0f} ms added per request), decoded to 224x224, "
-            f"batch {args.batch}, {args.workers} workers, {os.cpu_count()} cores, "
-            f"consumer {args.consumer}"
+            f"{setup['bytes'] / 2**20:.0f} MiB) on moto S3 and an HTTP server (127.0.0.1, "
+            f"{args.latency * 1000:.0f} ms added per request) and in local files, decoded to "
+            f"224x224, batch {args.batch}, {args.workers} workers, {os.cpu_count()} cores, "
+            f"consumer {args.consumer}, {args.repeats} rounds"
         )
         if args.spdl_kwargs:
             header += f"; torch_spdl with {json.dumps(args.spdl_kwargs)}"
         print(header, flush=True)
-        results: dict[str, list[dict[str, Any]]] = {impl: [] for impl in IMPLS}
-        peaks: dict[str, list[float]] = {impl: [] for impl in IMPLS}
-        # one memory run a side first, then the timed rounds without the sampler
-        for r in range(-1, repeats):
-            for impl in IMPLS if r % 2 == 0 else IMPLS[::-1]:
-                memory = r < 0
-                out = _measure(
-                    impl, str(setup_file), args.batch, args.workers, args.consumer, memory
-                )
-                assert out["samples"] == shards * per_shard, out
-                assert tuple(out["shape"]) == (3, 224, 224), out
-                if memory:
-                    peaks[impl].append(out["peak_mib"])
-                    print(f"  {impl}: peak {out['peak_mib']:.0f} MiB (memory run)", flush=True)
-                    continue
-                results[impl].append(out)
-                print(
-                    f"  {impl}: {out['samples'] / out['seconds']:,.0f} samples/s, "
-                    f"{1000 * out['cpu_s'] / out['samples']:.2f} CPU s/1k "
-                    f"({1000 * _loader_cpu(out) / out['samples']:.2f} the loader)",
-                    flush=True,
-                )
+        results, peaks = _rounds(args, setup, setup_file, names)
         setup_file.unlink()
     finally:
         if server.stdin is not None:
             server.stdin.close()
-        server.wait(timeout=60)
-    rows = table(results, peaks, args.consumer)
+        server.wait(timeout=120)
+    rows = tables(results, peaks, suites)
     print("\n".join(rows))
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.date.today().isoformat()
-        mode = "quick" if args.quick else "full"
         from _measure import machine
 
+        args.out.mkdir(parents=True, exist_ok=True)
         info = machine()
         command = " ".join(["python", "benchmarks/streaming.py", *sys.argv[1:]])
         text = [
-            f"{header}; {mode} mode, {stamp}.",
+            f"{header}; {datetime.date.today().isoformat()}.",
             "",
             f"Command: `{command}`; machine: {info['cores']} cores ({info['CPU']}), "
             f"{info['memory']}, torch {info['torch']}, torch_spdl {info['torch_spdl']}.",

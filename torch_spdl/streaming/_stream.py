@@ -151,9 +151,9 @@ class _Locate:
         self._ramp = _SlowStart()
 
     async def __call__(self, task: ShardTask) -> list[Chunk]:
+        if self.cache is not None and protocol_of(task.url) != "file":
+            return await self._cached(task, self.cache)
         async with self._ramp:
-            if self.cache is not None and protocol_of(task.url) != "file":
-                return await self._cached(task, self.cache)
             return await self._remote(task)
 
     async def _remote(self, task: ShardTask) -> list[Chunk]:
@@ -177,10 +177,12 @@ class _Locate:
         whole = task.start == 0 and task.end is None and not task.refill
         entry = await asyncio.to_thread(cache.open, task.url, total, tag, whole)
         if entry is None:
-            return await self._remote(task)
+            async with self._ramp:
+                return await self._remote(task)
         if isinstance(entry, CacheFill):
             try:
-                await self._download(entry, task.url, total)
+                async with self._ramp:  # a copy on disk needs no ramp: a download does
+                    await self._download(entry, task.url, total)
                 lease = await asyncio.to_thread(entry.finish, total, tag)
             except BaseException:
                 entry.abort()
