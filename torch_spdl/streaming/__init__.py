@@ -3,7 +3,9 @@
 WebDataset tar shards on S3, HTTP(S) or a file system, read with ranged requests on an
 event loop (the read concurrency is a pipeline stage's), split into samples, decoded by
 :mod:`torch_spdl.io`, dealt to ranks and DataLoader workers without duplicates, shuffled
-by a seed and an epoch, retried on transient errors, and resumable mid-epoch.
+by a seed and an epoch, retried on transient errors (from the byte a cut response stopped
+at), resumable mid-epoch (reading back only the samples not yet delivered, on the same or
+another number of ranks and workers), and kept in a local cache bounded by size if asked.
 
 - :class:`StreamingDataset`: the ``IterableDataset`` for ``torch_spdl.DataLoader``
   (torch's works too), ``StagedDataModule`` and, through :meth:`StreamingDataset.builder`,

@@ -354,11 +354,3 @@ class ShardCache:
                 item.abort()
             else:
                 item.release()
-
-    def size(self) -> int:
-        """The bytes of the copies in place."""
-        return sum(
-            item.stat().st_size
-            for item in os.scandir(self.directory)
-            if item.name.endswith(".shard")
-        )

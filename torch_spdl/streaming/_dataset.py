@@ -8,7 +8,10 @@ the raw samples in a shuffle buffer (:mod:`._progress`), and decodes the ones th
 lets out on decode threads, a few ahead of the training loop, delivering them in order.
 ``state_dict()`` / ``load_state_dict()`` save and restore that position exactly; the
 torch_spdl DataLoader collects them from its workers with each batch, so a loader's
-``state_dict()`` resumes a stream mid-epoch.
+``state_dict()`` resumes a stream mid-epoch; the states of every rank, gathered by
+:func:`~._elastic.elastic_state`, resume it on another number of ranks and workers
+(:mod:`._elastic`). With ``cache_dir`` the shards read are kept on local disk for the
+epochs after (:mod:`._cache`).
 
 The same stages are available as a ``PipelineBuilder`` (:meth:`StreamingDataset.builder`)
 for code that builds its own pipeline.

@@ -77,7 +77,10 @@ def elastic_state(states: Iterable[Any]) -> dict[str, Any]:
             raise ValueError(f"two different states of {consumer}")
         found[consumer.index] = state
     if not found:
-        raise ValueError("elastic_state: no streaming state given")
+        raise ValueError(
+            "elastic_state: no streaming state given (a loader whose epoch ended holds "
+            "none: start the next epoch instead)"
+        )
     if len(shapes) > 1 or len(epochs) > 1:
         raise ValueError(
             f"the states are of different runs: world sizes x workers {sorted(shapes)}, "

@@ -24,6 +24,7 @@ from typing import Any
 
 from ._body import body_parts
 from ._retry import RetryPolicy
+from ._s3_warm import s3_session, warm_s3
 
 __all__ = ["Store", "import_filesystems", "protocol_of"]
 
@@ -40,14 +41,19 @@ def import_filesystems(urls: list[str]) -> None:
     missing one fails here, naming the package, rather than in a worker."""
     import fsspec  # type: ignore[import-untyped]
 
-    for protocol in sorted({protocol_of(url) for url in urls} - {"file"}):
+    protocols = {protocol_of(url) for url in urls} - {"file"}
+    for protocol in sorted(protocols):
         fsspec.get_filesystem_class(protocol)
+    if protocols & {"s3", "s3a"}:
+        warm_s3()
 
 
 def _s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
     config = dict(options.get("config_kwargs") or {})
     config.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
-    return {**options, "config_kwargs": config}
+    session = s3_session(options)  # botocore's files already loaded (_s3_warm.py)
+    extra = {} if session is None else {"session": session}
+    return {**options, "config_kwargs": config, **extra}
 
 
 class Store:
