@@ -16,7 +16,7 @@ pytest.importorskip("aiohttp")
 pytest.importorskip("fsspec")
 
 import torch_spdl  # noqa: E402
-from torch_spdl.streaming import RetryPolicy, StreamingDataset, elastic_state  # noqa: E402
+from torch_spdl.streaming import RetryPolicy, StreamingDataset  # noqa: E402
 from torch_spdl.streaming.testing import LocalHTTP, write_shard  # noqa: E402
 
 NUM_SHARDS, PER_SHARD = 7, 10
@@ -51,12 +51,13 @@ def _dataset(http: Any, rank: int, world: int, **kwargs: Any) -> StreamingDatase
     )
 
 
-def _resume(state: dict[str, Any], http: Any, rank: int, world: int, **kw: Any) -> Any:
-    ds = _dataset(http, rank, world, **kw)
+def _resume(states: list[Any], http: Any, rank: int, world: int, saved: int) -> Any:
+    ds = _dataset(http, rank, world)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ds.load_state_dict(state)
-    assert any("each once" in str(w.message) for w in caught)  # what is given up, said
+        ds.load_state_dict(states)
+    said = any("each once" in str(w.message) for w in caught)  # what is given up, said
+    assert said == (saved != world)
     return ds
 
 
@@ -78,19 +79,18 @@ def test_a_resume_on_other_ranks_delivers_exactly_the_rest(
         head += [int(next(it)["cls"]) for _ in range(min(stops[rank], len(ds.shards()) * 10))]
         states.append(pickle.loads(pickle.dumps(ds.state_dict())))  # as a checkpoint holds it
         it.close()
-    run = elastic_state(states)
     tail: list[int] = []
-    if twice:  # resumed elastically, stopped again, resumed on yet another number
+    if twice:  # resumed, stopped again, resumed on yet another number
         again = []
         for rank in range(new_world):
-            ds = _resume(run, http, rank, new_world)
+            ds = _resume(states, http, rank, new_world, world)
             it = iter(ds)
             tail += [int(s["cls"]) for _, s in zip(range(stops[rank] // 2), it, strict=False)]
-            again.append(ds.state_dict())
+            again.append(pickle.loads(pickle.dumps(ds.state_dict())))
             it.close()
-        run, new_world = elastic_state(again), 1 + new_world % 3
+        states, world, new_world = again, new_world, 1 + new_world % 3
     for rank in range(new_world):
-        tail += [int(s["cls"]) for s in _resume(run, http, rank, new_world)]
+        tail += [int(s["cls"]) for s in _resume(states, http, rank, new_world, world)]
     assert sorted(head + tail) == ALL  # every sample, none twice
     assert not set(head) & set(tail)
 
@@ -106,8 +106,7 @@ def test_two_ranks_of_two_workers_resume_on_one_rank_of_three(http: Any) -> None
         head += [int(c) for _ in range(2 + rank) for c in next(it)["cls"]]
         states.append(loader.state_dict())
         del it
-    run = elastic_state(states)
-    ds = _resume(run, http, 0, 1)
+    ds = _resume(states, http, 0, 1, 2)
     tail = [
         int(c) for b in torch_spdl.DataLoader(ds, batch_size=3, num_workers=3) for c in b["cls"]
     ]
@@ -121,8 +120,22 @@ def test_a_missing_rank_is_an_error_not_a_loss(http: Any) -> None:
     state = ds.state_dict()
     it.close()
     with pytest.raises(ValueError, match=r"missing.*rank=0"):
-        elastic_state([state])
+        _dataset(http, 0, 1).load_state_dict([state])
     other = _dataset(http, 0, 3)
     other.load_state_dict(state)
-    with pytest.raises(ValueError, match="elastic_state"):
+    with pytest.raises(ValueError, match="list of every rank"):
         next(iter(other))
+
+
+def test_the_list_of_states_at_the_saved_shape_resumes_exactly(http: Any) -> None:
+    whole, head, states = [], [], []
+    for rank in range(2):
+        whole.append([int(s["cls"]) for s in _dataset(http, rank, 2)])
+        ds = _dataset(http, rank, 2)
+        it = iter(ds)
+        head.append([int(next(it)["cls"]) for _ in range(7)])
+        states.append(ds.state_dict())
+        it.close()
+    for rank in range(2):
+        ds = _resume(states, http, rank, 2, 2)
+        assert head[rank] + [int(s["cls"]) for s in ds] == whole[rank]  # the same order

@@ -13,9 +13,7 @@ another number of ranks and workers), and kept in a local cache bounded by size 
 - :func:`expand_urls` / :func:`list_shards`: shard lists from patterns and listings;
 - :class:`RetryPolicy`, :class:`ShardReadError`, :class:`ShardFailure`: retries and the
   errors that name the shard;
-- :class:`Consumer`: one (rank, worker) reader of the shard list;
-- :func:`elastic_state`: the states of every rank of a run, to resume it on another
-  number of ranks or workers.
+- :class:`Consumer`: one (rank, worker) reader of the shard list.
 
 Reading ``s3://`` needs ``s3fs`` (``pip install torch_spdl[streaming]``), ``http(s)://``
 needs ``aiohttp`` (which ``s3fs`` brings).
@@ -23,7 +21,6 @@ needs ``aiohttp`` (which ``s3fs`` brings).
 
 from ._dataset import StreamingDataset
 from ._decode import Decoder
-from ._elastic import elastic_state
 from ._errors import ShardFailure, ShardReadError
 from ._plan import Consumer
 from ._retry import RetryPolicy, is_transient
@@ -36,7 +33,6 @@ __all__ = [
     "ShardFailure",
     "ShardReadError",
     "StreamingDataset",
-    "elastic_state",
     "expand_urls",
     "is_transient",
     "list_shards",

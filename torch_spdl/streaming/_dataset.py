@@ -8,10 +8,10 @@ the raw samples in a shuffle buffer (:mod:`._progress`), and decodes the ones th
 lets out on decode threads, a few ahead of the training loop, delivering them in order.
 ``state_dict()`` / ``load_state_dict()`` save and restore that position exactly; the
 torch_spdl DataLoader collects them from its workers with each batch, so a loader's
-``state_dict()`` resumes a stream mid-epoch; the states of every rank, gathered by
-:func:`~._elastic.elastic_state`, resume it on another number of ranks and workers
-(:mod:`._elastic`). With ``cache_dir`` the shards read are kept on local disk for the
-epochs after (:mod:`._cache`).
+``state_dict()`` resumes a stream mid-epoch; the list of every rank's, given to
+``load_state_dict``, resumes it on another number of ranks and workers (:mod:`._elastic`).
+With ``cache_dir`` the shards read are kept on local disk for the epochs after
+(:mod:`._cache`).
 
 The same stages are available as a ``PipelineBuilder`` (:meth:`StreamingDataset.builder`)
 for code that builds its own pipeline.
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,7 +32,7 @@ from ..pipeline import BackgroundTask, PipelineBuilder, PipelineFailure
 from ..source import resolve_rank_and_world_size
 from ._cache import ShardCache
 from ._decode import Decoder, FieldDecoder
-from ._elastic import ELASTIC, in_flight, share_of
+from ._elastic import ELASTIC, gather_states, saved_shape, share_of, warn_reordered
 from ._plan import Consumer, shards_of
 from ._progress import Progress
 from ._retry import RetryPolicy
@@ -260,7 +259,11 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
     def _progress(self, consumer: Consumer) -> Progress:
         state, self._resume = self._resume, None
         if state is not None and ELASTIC in state:
-            return self._new_progress(consumer, run=state)
+            if saved_shape(state) != (consumer.world_size, consumer.num_workers):
+                if saved_shape(state)[0] == consumer.world_size:  # not said by the loader's
+                    warn_reordered(state, stacklevel=2)
+                return self._new_progress(consumer, run=state)
+            state = state["consumers"][consumer.index]  # the same shape: exactly
         if state is not None:
             saved = Consumer(*state["consumer"])
             if saved != consumer or state["epoch"] != self.epoch:
@@ -268,8 +271,8 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
                     f"the restored state is of epoch {state['epoch']}, {saved}; this "
                     f"iteration is epoch {self.epoch}, {consumer}: the rank, world size "
                     "and number of DataLoader workers must be those of the saved run "
-                    "(to resume on others, gather every rank's state with "
-                    "torch_spdl.streaming.elastic_state)"
+                    "(to resume on others, pass the list of every rank's loader "
+                    "state_dict() to the dataset's load_state_dict)"
                 )
         return self._new_progress(consumer, state)
 
@@ -280,7 +283,7 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         run: dict[str, Any] | None = None,
     ) -> Progress:
         """``consumer``'s epoch: afresh, from its ``state``, or its share of the rest of
-        a ``run`` saved at another number of consumers (:func:`elastic_state`)."""
+        a ``run`` saved at another number of consumers (:func:`gather_states`)."""
 
         def whole_shards(who: Consumer) -> list[Piece]:
             return [Piece(url) for url in self.shards(who)]
@@ -404,30 +407,35 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
         if self._live is not None:
             return self._live.state_dict()
         if self._resume is not None and ELASTIC in self._resume:  # this consumer's share
-            return self._new_progress(self.consumer(), run=self._resume).state_dict()
+            consumer, run = self.consumer(), self._resume
+            if saved_shape(run) == (consumer.world_size, consumer.num_workers):
+                return dict(run["consumers"][consumer.index])
+            return self._new_progress(consumer, run=run).state_dict()
         if self._resume is not None:
             return dict(self._resume)
         return self._new_progress(self.consumer()).state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any] | list[Any]) -> None:
         """Make the next iteration continue from ``state`` (its epoch becomes current).
 
         Args:
-            state: what :meth:`state_dict` returned, in the same rank and worker; or what
-                :func:`elastic_state` made of the states of every rank of a run, on any
-                number of ranks and workers (call this before the DataLoader is made: its
-                workers take their share of the rest of the epoch from it).
+            state: what :meth:`state_dict` returned, in the same rank and worker; or the
+                list of the ``state_dict()`` of every rank's DataLoader (or of every
+                consumer's dataset) of the saved run, on any number of ranks and workers:
+                call this before the DataLoader is made, whose workers take their share of
+                the rest of the epoch from it (exactly the saved run's rest at its shape;
+                at another, every undelivered sample once, in another order, with a
+                warning).
+
+        Raises:
+            ValueError: for a list that misses a consumer of the saved run, or mixes runs.
         """
+        if isinstance(state, (list, tuple)):
+            state = gather_states(state)
         if ELASTIC in state:
-            _LG.info("elastic resume of epoch %s", state["epoch"])
-            warnings.warn(
-                "resuming a stream saved at another number of ranks or workers: the rest "
-                "of the epoch is every sample the saved run had not delivered, each once, "
-                "but not in the order that run would have delivered them (the "
-                f"{in_flight(state)} sample(s) its shuffle buffers held or were decoding "
-                "are read back and mixed anew); see docs/streaming.md",
-                stacklevel=2,
-            )
+            _, world = resolve_rank_and_world_size(self.rank, self.world_size)
+            if saved_shape(state)[0] != world:
+                warn_reordered(state, stacklevel=2)
         self.epoch = int(state["epoch"])
         self._resume = dict(state)
         self._live = None

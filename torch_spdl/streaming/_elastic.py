@@ -9,26 +9,28 @@ consumers together say what those are (each alone says only its own part):
 - the rest of the piece at its cursor, from the cursor's byte on;
 - the pieces after it (whole shards, unless it was itself resumed elastically).
 
-:func:`elastic_state` gathers them (from the loaders' ``state_dict()`` of every rank, or
-the datasets'); :func:`share_of` lists the rest of the epoch in one order that does not
-depend on who computes it and deals it to the new consumers round-robin, as an epoch's
-shards are dealt, so that each piece goes to exactly one of them. What is given up, and
-said in a warning: the order. The new consumers' buffers mix what they are dealt anew, so
-the rest of the epoch is the same samples as the saved run's rest, not in its order (an
-exact order needs the saved consumers themselves: a resume at the same ``W`` x ``K``);
-and the consumers' shares are equal in pieces, not in samples (a consumer may get a
-shard's worth more than another).
+:func:`gather_states` gathers them (the loaders' ``state_dict()`` of every rank, or the
+datasets', as ``StreamingDataset.load_state_dict`` is given them); :func:`share_of` lists
+the rest of the epoch in one order that does not depend on who computes it and deals it
+to the new consumers round-robin, as an epoch's shards are dealt, so that each piece goes
+to exactly one of them. At the saved shape each consumer takes its own state instead (an
+exact resume). What is given up at another shape, and said in a warning: the order. The
+new consumers' buffers mix what they are dealt anew, so the rest of the epoch is the same
+samples as the saved run's rest, not in its order (that order lives in the saved
+consumers' buffers, which cannot be split); and the consumers' shares are equal in pieces,
+not in samples (a consumer may get a shard's worth more than another).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ._plan import Consumer
 from ._spans import Piece, merge_runs, runs_of, unpack_runs
 
-__all__ = ["elastic_state", "in_flight", "share_of"]
+__all__ = ["gather_states", "in_flight", "saved_shape", "share_of", "warn_reordered"]
 
 ELASTIC = "torch_spdl.streaming.elastic"
 
@@ -47,20 +49,17 @@ def _consumer_states(item: Any) -> Iterable[dict[str, Any]]:
             yield from _consumer_states(part)
     else:
         raise TypeError(
-            "elastic_state takes the state_dict() of torch_spdl DataLoaders or of "
+            "a stream resumes from the state_dict() of torch_spdl DataLoaders or of "
             f"StreamingDatasets (or lists of them), got {type(item).__name__}"
         )
 
 
-def elastic_state(states: Iterable[Any]) -> dict[str, Any]:
-    """The state of a whole run, to resume it on any number of ranks and workers: pass
-    it to :meth:`StreamingDataset.load_state_dict` on every rank before the DataLoader is
-    made, instead of the loader's ``load_state_dict``.
+def gather_states(states: Iterable[Any]) -> dict[str, Any]:
+    """The state of a whole run, from the states of all its consumers.
 
     Args:
-        states: the ``state_dict()`` of the DataLoader of every rank of the saved run
-            (``torch.distributed.all_gather_object`` collects them), or of its
-            ``StreamingDataset`` in every consumer; lists of them are flattened.
+        states: the ``state_dict()`` of the DataLoader of every rank of the saved run,
+            or of its ``StreamingDataset`` in every consumer; lists of them are flattened.
 
     Raises:
         ValueError: when a consumer of the saved run is missing (its samples would be
@@ -78,8 +77,8 @@ def elastic_state(states: Iterable[Any]) -> dict[str, Any]:
         found[consumer.index] = state
     if not found:
         raise ValueError(
-            "elastic_state: no streaming state given (a loader whose epoch ended holds "
-            "none: start the next epoch instead)"
+            "no streaming state given (a loader whose epoch ended holds none: start the "
+            "next epoch instead)"
         )
     if len(shapes) > 1 or len(epochs) > 1:
         raise ValueError(
@@ -104,6 +103,25 @@ def _buffer_runs(state: dict[str, Any]) -> list[tuple[int, int, int, int, int]]:
     if state.get("version", 0) >= 4:
         return runs + unpack_runs(state["buffer"])
     return runs + runs_of((int(p), int(i), int(s), int(e)) for p, i, s, e in state["buffer"])
+
+
+def saved_shape(run: dict[str, Any]) -> tuple[int, int]:
+    """The saved run's world size and workers per rank."""
+    consumer = Consumer(*run["consumers"][0]["consumer"])
+    return consumer.world_size, consumer.num_workers
+
+
+def warn_reordered(run: dict[str, Any], stacklevel: int) -> None:
+    """Say what a resume on another number of consumers gives up."""
+    world, workers = saved_shape(run)
+    warnings.warn(
+        f"resuming a stream saved at {world} rank(s) x {workers} worker(s) on another "
+        "number: the rest of the epoch is every sample the saved run had not delivered, "
+        "each once, but not in the order that run would have delivered them (the "
+        f"{in_flight(run)} sample(s) its shuffle buffers held or were decoding are read "
+        "back and mixed anew); see docs/streaming.md",
+        stacklevel=stacklevel + 1,
+    )
 
 
 def in_flight(run: dict[str, Any]) -> int:
@@ -136,7 +154,7 @@ def share_of(
     """The pieces ``consumer`` reads of the rest of the saved epoch ``run``.
 
     Args:
-        run: what :func:`elastic_state` made.
+        run: what :func:`gather_states` made.
         consumer: one consumer of the resumed run.
         pieces_of: a saved consumer's pieces of the epoch (its shards), for a state that
             does not list them.
