@@ -6,9 +6,11 @@ from __future__ import annotations
 import pickle
 import warnings
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -139,3 +141,62 @@ def test_the_list_of_states_at_the_saved_shape_resumes_exactly(http: Any) -> Non
     for rank in range(2):
         ds = _resume(states, http, rank, 2, 2)
         assert head[rank] + [int(s["cls"]) for s in ds] == whole[rank]  # the same order
+
+
+def _with_worker(sample: dict[str, Any]) -> dict[str, Any]:
+    info = torch.utils.data.get_worker_info()
+    return {"cls": sample["cls"], "w": -1 if info is None else info.id}
+
+
+def _by_worker(batches: Iterable[Any]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for batch in batches:
+        for c, w in zip(batch["cls"], batch["w"], strict=True):
+            out.setdefault(int(w), []).append(int(c))
+    return out
+
+
+def test_the_loader_states_of_every_rank_resume_each_worker_exactly(http: Any) -> None:
+    """2 ranks x 2 workers saved, the list of both loaders' states given to each rank's
+    dataset at the same shape: every worker of every rank delivers what it would have
+    uninterrupted, in its order (the fresh loader's turn between its workers may differ:
+    that is the loader's state, not the stream's), and nothing says an order was lost."""
+
+    def loader(rank: int, ds: StreamingDataset | None = None) -> Any:
+        ds = _dataset(http, rank, 2, transform=_with_worker) if ds is None else ds
+        return torch_spdl.DataLoader(ds, batch_size=2, num_workers=2)
+
+    whole = [_by_worker(loader(rank)) for rank in range(2)]
+    heads: list[list[Any]] = []
+    states = []
+    for rank in range(2):
+        first = loader(rank)
+        it = iter(first)
+        heads.append([next(it) for _ in range(3 + rank)])
+        states.append(pickle.loads(pickle.dumps(first.state_dict())))
+        del it
+    for rank in range(2):
+        ds = _resume(states, http, rank, 2, 2)
+        ds.transform = _with_worker
+        again = _by_worker([*heads[rank], *loader(rank, ds)])
+        assert again == whole[rank] and len(again) == 2
+
+
+def test_fewer_workers_on_as_many_ranks_warn_and_deliver_the_rest_once(http: Any) -> None:
+    """The same world size, another number of workers: load_state_dict cannot tell (the
+    workers are not made yet), so the consumer that takes its share says what is given up
+    (the saved buffers' order) when it starts; the union is still the epoch, each once."""
+    first = torch_spdl.DataLoader(_dataset(http, 0, 1), batch_size=3, num_workers=2)
+    it = iter(first)
+    head = [int(c) for _ in range(5) for c in next(it)["cls"]]
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    del it
+    ds = _dataset(http, 0, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds.load_state_dict([state])
+        assert not caught  # same world size: the shape is known only in the consumer
+        tail = [int(s["cls"]) for s in ds]  # one consumer (no workers) instead of two
+    said = [str(w.message) for w in caught if "each once" in str(w.message)]
+    assert len(said) == 1 and "1 rank(s) x 2 worker(s)" in said[0]
+    assert Counter(head + tail) == Counter(ALL)
