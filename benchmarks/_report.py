@@ -12,7 +12,7 @@ from pathlib import Path
 
 import peers
 import swap
-from _figures import CORES, METRICS, figure_cell, run_values, spread, versus
+from _figures import CORES, METRICS, disturbed_note, result_cell, run_values, spread, versus
 from _measure import Result
 
 
@@ -128,7 +128,7 @@ def _paired_table(results: list[Result], key: str) -> list[str]:
         torch, ours = pair.get("torch"), pair.get("torch_spdl")
         row = [str(param)]
         for m in metrics:
-            row += [figure_cell(run_values(torch, m)), figure_cell(run_values(ours, m))]
+            row += [result_cell(torch, m), result_cell(ours, m)]
         row += list(versus(torch, ours, "rate"))
         lines.append("| " + " | ".join(row) + " |")
     return lines
@@ -143,8 +143,8 @@ def _engine_table(results: list[Result]) -> list[str]:
         if r.spec.group != "engine":
             continue
         lines.append(
-            f"| {r.spec.label} | {r.spec.impl} | {figure_cell(run_values(r, 'rate'))} | "
-            f"{figure_cell(run_values(r, 'cpu'))} | {figure_cell(run_values(r, 'peak'))} |"
+            f"| {r.spec.label} | {r.spec.impl} | {result_cell(r, 'rate')} | "
+            f"{result_cell(r, 'cpu')} | {result_cell(r, 'peak')} |"
         )
     return lines
 
@@ -306,6 +306,7 @@ def write_report(
         "a fresh process forked from a server that has already imported torch (so neither "
         "side pays the import). The repeats are interleaved across configurations.",
         "",
+        *disturbed_note(results),
         "## Machine",
         "",
         "| | |",
