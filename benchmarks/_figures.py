@@ -103,7 +103,7 @@ def disturbed_note(results: list[Result]) -> list[str]:
     marked = [r for r in results if r.disturbed]
     if not dropped and not marked:
         return []
-    text = f"Timed runs that other programs disturbed, run again: {dropped}."
+    text = f"Timed runs that other programs disturbed, run again: {dropped}." if dropped else ""
     if marked:
         runs = sum(r.disturbed for r in marked)
         text += (
@@ -112,7 +112,7 @@ def disturbed_note(results: list[Result]) -> list[str]:
             "`--rerun-budget`): other programs took CPU while they ran, so read their "
             "throughput as low and their times as long."
         )
-    return [text, ""]
+    return [text.strip(), ""]
 
 
 def versus(torch: Result | None, ours: Result | None, metric: str) -> tuple[str, str]:

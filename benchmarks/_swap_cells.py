@@ -20,9 +20,9 @@ import torch
 from _consumers import consumer_of
 from _consumers import touch_all as _touch_all
 from _cpu_meter import CpuMeter
+from _datasets import ImageDataset, IntDataset, SleepDataset, SyncSleepStaged
 from _results import Spec
 from _swap_datasets import NumpyAugmentDataset, PathDataset, TokenizerDataset, image_folder
-from dataloader import ImageDataset, IntDataset, SleepDataset, SyncSleepStaged
 from torch.utils.data import Dataset
 
 IMPLS = ("torch", "torch_spdl")
