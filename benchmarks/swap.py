@@ -88,7 +88,8 @@ __all__ = [
 ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line (the module's docstring says what it runs)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 workers only, smaller runs")
     parser.add_argument("--repeats", type=int, default=None, help="runs per figure (3; 5 full)")
@@ -113,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--save", default="", help="also pickle the header and results here")
     parser.add_argument("--render", default="", help="print the tables of a --save file only")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.render:
         with open(args.render, "rb") as f:
