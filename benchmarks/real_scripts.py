@@ -4,9 +4,9 @@ written (torch's DataLoader), with only the import swapped, and after ``torch-sp
 read.
 
 Run: ``python benchmarks/real_scripts.py [--quick] [--repeats N] [--only TEXT] [--storage
-{local,latency,both}]``. Prints Markdown tables and what migrate reported for each script,
-and writes them to ``benchmarks/report/real_scripts.md`` (``--no-report``: print only);
-asserts nothing.
+{local,latency,both}] [--retries N]``. Prints Markdown tables and what migrate reported
+for each script, and writes them to ``benchmarks/report/real_scripts.md``
+(``--no-report``: print only); asserts nothing.
 
 Why: a data loader is judged inside a training script, not alone. The training loop needs
 the cores, the GIL, the allocator and the global RNGs, and scripts rely on torch's loader
@@ -57,6 +57,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -94,7 +95,7 @@ class Runner:
             quick,
             store,
         )
-        self.sample_s = 0.5
+        self.sample_s, self.retries = 0.5, RETRIES
         self.env = {**os.environ, "PL_USE_MOCKED_MNIST": "1"}  # lightning's MNIST from files
 
     def _once(self, script: Script, side: str) -> dict:
@@ -107,8 +108,13 @@ class Runner:
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env
         )
-        with PeakMemory(proc.pid, interval=self.sample_s) as peak:
-            out, err = proc.communicate(timeout=900)
+        try:
+            with PeakMemory(proc.pid, interval=self.sample_s) as peak:
+                out, err = proc.communicate(timeout=900)
+        finally:  # interrupted or timed out: the script goes too (its workers follow it)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         wall = time.perf_counter() - t0
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         tree_cpu = usage.ru_utime + usage.ru_stime - own0  # the script and its reaped workers
@@ -129,7 +135,7 @@ class Runner:
         run's core-seconds (at most ``RETRIES`` times; ``dropped`` counts the runs left)."""
         dropped, res = 0, self._once(script, side)
         limit = max(FOREIGN_FLOOR_S, FOREIGN_LIMIT * res["wall_s"] * cpu_count())
-        while res["foreign_cpu_s"] > limit and dropped < RETRIES:
+        while res["foreign_cpu_s"] > limit and dropped < self.retries:
             note = f"{script.name} {side}: run again, {res['foreign_cpu_s']:.2f} CPU-s of others"
             print(note, file=sys.stderr)
             dropped += 1
@@ -175,8 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="only the scripts whose name contains this")
     parser.add_argument("--storage", choices=("local", "latency", "both"), default="both")
     parser.add_argument("--delay-ms", type=float, default=5.0, help="latency store's delay")
+    parser.add_argument(
+        "--retries", type=int, default=RETRIES, help=f"runs again of a disturbed run ({RETRIES})"
+    )
     parser.add_argument("--no-report", action="store_true", help="print only")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unmount and clean up on kill
     repeats = args.repeats or (2 if args.quick else 5)
     scripts = [s for s in SCRIPTS if args.only in s.name]
     if not scripts:
@@ -202,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 data = store.path if store else str(Path(tmp, "data"))
                 runner = Runner(Path(tmp, "sides"), data, 2 if args.quick else 5, args.quick, store)
+                runner.retries = args.retries
                 results[storage] = measure(runner, chosen, repeats, storage)
     elapsed = time.perf_counter() - t_all
     dropped = sum(
@@ -222,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         f"because other processes took over {FOREIGN_LIMIT:.0%} of the cores: {dropped}; "
         f"latency store: {args.delay_ms:g} ms added to each open and each read; {elapsed:.0f} s.\n",
     ]
-    lines += _script_table.tables(results)
-    lines += ["", *_script_table.targets(results), ""]
+    made = {s.name: _script_table.did(migrated[s.file]) for s in scripts}
+    lines += _script_table.tables(results, made)
+    lines += ["", *_script_table.targets(results, made), ""]
     lines += _script_table.migrate_report(migrated, scripts)
     print("\n".join(lines))
     if not args.no_report:
