@@ -3,9 +3,9 @@ written (torch's DataLoader), with only the import swapped, and after ``torch-sp
 --write``; on local files and on files behind a store that adds latency to every open and
 read.
 
-Run: ``python benchmarks/real_scripts.py [--quick] [--repeats N] [--only TEXT] [--storage
-{local,latency,both}] [--retries N]``. Prints Markdown tables and what migrate reported
-for each script, and writes them to ``benchmarks/report/real_scripts.md``
+Run: ``python benchmarks/real_scripts.py [--quick] [--repeats N] [--epochs N] [--only
+TEXT] [--storage {local,latency,both}] [--retries N]``. Prints Markdown tables and what
+migrate reported for each script, and writes them to ``benchmarks/report/real_scripts.md``
 (``--no-report``: print only); asserts nothing.
 
 Why: a data loader is judged inside a training script, not alone. The training loop needs
@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="256 images, 2 epochs (512, 5)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per side (5; 2 quick)")
     parser.add_argument("--only", default="", help="only the scripts whose name contains this")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs a run (5; 2 quick)")
     parser.add_argument("--storage", choices=("local", "latency", "both"), default="both")
     parser.add_argument("--delay-ms", type=float, default=5.0, help="latency store's delay")
     parser.add_argument(
@@ -188,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unmount and clean up on kill
     repeats = args.repeats or (2 if args.quick else 5)
+    epochs = args.epochs or (2 if args.quick else 5)
+    if repeats < 1 or epochs < 2:
+        parser.error("--repeats must be at least 1 and --epochs at least 2 (the first is start-up)")
     scripts = [s for s in SCRIPTS if args.only in s.name]
     if not scripts:
         parser.error(
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                         LatencyMount(Path(tmp, "data"), args.delay_ms / 1000)
                     )
                 data = store.path if store else str(Path(tmp, "data"))
-                runner = Runner(Path(tmp, "sides"), data, 2 if args.quick else 5, args.quick, store)
+                runner = Runner(Path(tmp, "sides"), data, epochs, args.quick, store)
                 runner.retries = args.retries
                 results[storage] = measure(runner, chosen, repeats, storage)
     elapsed = time.perf_counter() - t_all
@@ -228,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{platform.platform()}; Python {info['Python']}, torch {torch.__version__}, "
         f"torch_spdl {info['torch_spdl']}; load average at start {info['load average at start']}, "
         f"at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n",
-        f"{repeats} runs a side, alternated, each a fresh process; {2 if args.quick else 5} epochs "
+        f"{repeats} runs a side, alternated, each a fresh process; {epochs} epochs "
         f"of {256 if args.quick else 512} images; medians (min-max); runs dropped and run again "
         f"because other processes took over {FOREIGN_LIMIT:.0%} of the cores: {dropped}; "
         f"latency store: {args.delay_ms:g} ms added to each open and each read; {elapsed:.0f} s.\n",
