@@ -297,6 +297,22 @@ def write_report(
 
     matplotlib.use("Agg")
     out.mkdir(parents=True, exist_ok=True)
+    md = _head(results, info, quick=quick, repeats=repeats, elapsed_s=elapsed_s)
+    made = _draw_plots(out, results)
+    md += _group_sections(results) + _sections_written_elsewhere(out)
+    md += ["## Plots", ""]
+    for name, title in made:
+        md += [f"### {title}", "", f"![{title}]({name})", ""]
+    md += _failed_runs(results)
+    path = out / "REPORT.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def _head(
+    results: list[Result], info: dict[str, str], *, quick: bool, repeats: int, elapsed_s: float
+) -> list[str]:
+    """The report's opening: how it was made, the machine, how to read it, the summary."""
     mode = "quick (`--quick`)" if quick else "full"
     md = [
         "# torch_spdl benchmark report",
@@ -336,6 +352,11 @@ def write_report(
         *_summary(results),
         "",
     ]
+    return md
+
+
+def _draw_plots(out: Path, results: list[Result]) -> list[tuple[str, str]]:
+    """Draw every plot that has data; return (file name, title) of those drawn."""
     plots = [
         (
             "throughput_vs_concurrency.png",
@@ -374,7 +395,12 @@ def write_report(
         ),
         ("peers.png", "Side by side with the peers", lambda p: peers.plot(p, results)),
     ]
-    made = [(name, title) for name, title, draw in plots if draw(out / name)]
+    return [(name, title) for name, title, draw in plots if draw(out / name)]
+
+
+def _group_sections(results: list[Result]) -> list[str]:
+    """One section per benchmark group that has results, with its table."""
+    md: list[str] = []
     for key, g in GROUPS.items():
         if not any(r.spec.group == key for r in results):
             continue
@@ -388,15 +414,24 @@ def write_report(
         else:
             md += _paired_table(results, key)
         md.append("")
+    return md
+
+
+def _sections_written_elsewhere(out: Path) -> list[str]:
+    """The sections other benchmarks wrote beside the report (their own servers, clusters)."""
+    md: list[str] = []
     streaming = out / "streaming.md"  # written by benchmarks/streaming.py (its own server)
     if streaming.exists():
         md += ["## Streaming from object storage", "", streaming.read_text(), ""]
     ray = out / "ray_offload.md"  # written by benchmarks/ray_offload.py (its own cluster)
     if ray.exists():
         md += ["## Past one machine: the decoding on a Ray worker node", "", ray.read_text(), ""]
-    md += ["## Plots", ""]
-    for name, title in made:
-        md += [f"### {title}", "", f"![{title}]({name})", ""]
+    return md
+
+
+def _failed_runs(results: list[Result]) -> list[str]:
+    """A section listing the runs that failed, if any did."""
+    md: list[str] = []
     failed = [r for r in results if r.error]
     if failed:
         md += ["## Failed runs", ""]
@@ -405,6 +440,4 @@ def write_report(
             for r in failed
         ]
         md.append("")
-    path = out / "REPORT.md"
-    path.write_text("\n".join(md))
-    return path
+    return md

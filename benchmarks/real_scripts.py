@@ -173,8 +173,8 @@ def measure(runner: Runner, scripts: list[Script], repeats: int, storage: str) -
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def _parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="256 images, 2 epochs (512, 5)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per side (5; 2 quick)")
@@ -186,6 +186,37 @@ def main(argv: list[str] | None = None) -> int:
         "--retries", type=int, default=RETRIES, help=f"runs again of a disturbed run ({RETRIES})"
     )
     parser.add_argument("--no-report", action="store_true", help="print only")
+    return parser
+
+
+def _header(
+    argv: list[str],
+    args: argparse.Namespace,
+    info: dict[str, str],
+    repeats: int,
+    epochs: int,
+    dropped: int,
+    elapsed: float,
+    torch_version: str,
+) -> list[str]:
+    """The lines above the tables: the command, the machine, how the runs were made."""
+    lines = [f"Command: `python benchmarks/real_scripts.py {' '.join(argv)}`\n"]
+    lines += [
+        f"Date: {info['date']}; {info['CPU']}, {info['cores']} cores, {info['memory']}; "
+        f"{platform.platform()}; Python {info['Python']}, torch {torch_version}, "
+        f"torch_spdl {info['torch_spdl']}; load average at start {info['load average at start']}, "
+        f"at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n",
+        f"{repeats} runs a side, alternated, each a fresh process; {epochs} epochs "
+        f"of {256 if args.quick else 512} images; medians (min-max); runs dropped and run again "
+        f"because other processes took over {FOREIGN_LIMIT:.0%} of the cores: {dropped}; "
+        f"latency store: {args.delay_ms:g} ms added to each open and each read; {elapsed:.0f} s.\n",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = _parser()
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unmount and clean up on kill
     repeats = args.repeats or (2 if args.quick else 5)
@@ -226,17 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         for rs in s.values()
         for r in rs
     )
-    lines = [f"Command: `python benchmarks/real_scripts.py {' '.join(argv)}`\n"]
-    lines += [
-        f"Date: {info['date']}; {info['CPU']}, {info['cores']} cores, {info['memory']}; "
-        f"{platform.platform()}; Python {info['Python']}, torch {torch.__version__}, "
-        f"torch_spdl {info['torch_spdl']}; load average at start {info['load average at start']}, "
-        f"at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n",
-        f"{repeats} runs a side, alternated, each a fresh process; {epochs} epochs "
-        f"of {256 if args.quick else 512} images; medians (min-max); runs dropped and run again "
-        f"because other processes took over {FOREIGN_LIMIT:.0%} of the cores: {dropped}; "
-        f"latency store: {args.delay_ms:g} ms added to each open and each read; {elapsed:.0f} s.\n",
-    ]
+    lines = _header(argv, args, info, repeats, epochs, dropped, elapsed, torch.__version__)
     made = {s.name: _script_table.did(migrated[s.file]) for s in scripts}
     lines += _script_table.tables(results, made)
     lines += ["", *_script_table.targets(results, made), ""]
