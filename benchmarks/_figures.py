@@ -5,6 +5,11 @@ result's runs, ``ours / torch`` with its verdict. ``_report.py`` writes the repo
 these and imports the scripts with their own tables (``swap.py``, ``peers.py``), which
 print their rows with the same figures: so the figures sit here, below both, and no
 script imports the report back.
+
+A figure whose runs other programs disturbed, kept because no tries or time were left to
+run them again (``_reruns.py``), carries :data:`DISTURBED` in every table
+(:func:`result_cell`), and the report says what the mark means (:func:`disturbed_note`):
+a reader sees which figures to distrust without reading the log.
 """
 
 from __future__ import annotations
@@ -12,9 +17,21 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from _measure import Result, Sample, cpu_count
+from _cpu_meter import cpu_count
+from _results import Result, Sample
 
-__all__ = ["CORES", "METRICS", "Metric", "figure_cell", "run_values", "spread", "versus"]
+__all__ = [
+    "CORES",
+    "DISTURBED",
+    "METRICS",
+    "Metric",
+    "disturbed_note",
+    "figure_cell",
+    "result_cell",
+    "run_values",
+    "spread",
+    "versus",
+]
 
 CORES = cpu_count()
 
@@ -67,6 +84,35 @@ def run_values(result: Result | None, metric: str) -> list[float]:
         return result.peaks()
     fn = METRICS[metric][1]
     return [fn(r) for r in result.runs]
+
+
+DISTURBED = "†"  # after a figure whose kept runs other programs disturbed
+
+
+def result_cell(result: Result | None, metric: str) -> str:
+    """``figure_cell`` of ``result``'s ``metric``, with :data:`DISTURBED` after a timed
+    figure (all but peak memory, which its own runs measure) that kept disturbed runs."""
+    values = run_values(result, metric)
+    marked = result is not None and result.disturbed and metric != "peak" and spread(values)
+    return figure_cell(values) + (DISTURBED if marked else "")
+
+
+def disturbed_note(results: list[Result]) -> list[str]:
+    """The report's paragraph on runs that other programs disturbed (none: no lines)."""
+    dropped = sum(r.dropped for r in results)
+    marked = [r for r in results if r.disturbed]
+    if not dropped and not marked:
+        return []
+    text = f"Timed runs that other programs disturbed, run again: {dropped}." if dropped else ""
+    if marked:
+        runs = sum(r.disturbed for r in marked)
+        text += (
+            f" Figures marked {DISTURBED} ({len(marked)}) keep {runs} disturbed runs in all "
+            "(no tries or time were left to run them again: `run.py --retries`, "
+            "`--rerun-budget`): other programs took CPU while they ran, so read their "
+            "throughput as low and their times as long."
+        )
+    return [text.strip(), ""]
 
 
 def versus(torch: Result | None, ours: Result | None, metric: str) -> tuple[str, str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import peers
 import swap
-from _figures import CORES, METRICS, figure_cell, run_values, spread, versus
+from _figures import CORES, METRICS, disturbed_note, result_cell, run_values, spread, versus
 from _measure import Result
 
 
@@ -128,7 +128,7 @@ def _paired_table(results: list[Result], key: str) -> list[str]:
         torch, ours = pair.get("torch"), pair.get("torch_spdl")
         row = [str(param)]
         for m in metrics:
-            row += [figure_cell(run_values(torch, m)), figure_cell(run_values(ours, m))]
+            row += [result_cell(torch, m), result_cell(ours, m)]
         row += list(versus(torch, ours, "rate"))
         lines.append("| " + " | ".join(row) + " |")
     return lines
@@ -143,8 +143,8 @@ def _engine_table(results: list[Result]) -> list[str]:
         if r.spec.group != "engine":
             continue
         lines.append(
-            f"| {r.spec.label} | {r.spec.impl} | {figure_cell(run_values(r, 'rate'))} | "
-            f"{figure_cell(run_values(r, 'cpu'))} | {figure_cell(run_values(r, 'peak'))} |"
+            f"| {r.spec.label} | {r.spec.impl} | {result_cell(r, 'rate')} | "
+            f"{result_cell(r, 'cpu')} | {result_cell(r, 'peak')} |"
         )
     return lines
 
@@ -297,6 +297,22 @@ def write_report(
 
     matplotlib.use("Agg")
     out.mkdir(parents=True, exist_ok=True)
+    md = _head(results, info, quick=quick, repeats=repeats, elapsed_s=elapsed_s)
+    made = _draw_plots(out, results)
+    md += _group_sections(results) + _sections_written_elsewhere(out)
+    md += ["## Plots", ""]
+    for name, title in made:
+        md += [f"### {title}", "", f"![{title}]({name})", ""]
+    md += _failed_runs(results)
+    path = out / "REPORT.md"
+    path.write_text("\n".join(md))
+    return path
+
+
+def _head(
+    results: list[Result], info: dict[str, str], *, quick: bool, repeats: int, elapsed_s: float
+) -> list[str]:
+    """The report's opening: how it was made, the machine, how to read it, the summary."""
     mode = "quick (`--quick`)" if quick else "full"
     md = [
         "# torch_spdl benchmark report",
@@ -306,6 +322,7 @@ def write_report(
         "a fresh process forked from a server that has already imported torch (so neither "
         "side pays the import). The repeats are interleaved across configurations.",
         "",
+        *disturbed_note(results),
         "## Machine",
         "",
         "| | |",
@@ -335,6 +352,11 @@ def write_report(
         *_summary(results),
         "",
     ]
+    return md
+
+
+def _draw_plots(out: Path, results: list[Result]) -> list[tuple[str, str]]:
+    """Draw every plot that has data; return (file name, title) of those drawn."""
     plots = [
         (
             "throughput_vs_concurrency.png",
@@ -373,7 +395,12 @@ def write_report(
         ),
         ("peers.png", "Side by side with the peers", lambda p: peers.plot(p, results)),
     ]
-    made = [(name, title) for name, title, draw in plots if draw(out / name)]
+    return [(name, title) for name, title, draw in plots if draw(out / name)]
+
+
+def _group_sections(results: list[Result]) -> list[str]:
+    """One section per benchmark group that has results, with its table."""
+    md: list[str] = []
     for key, g in GROUPS.items():
         if not any(r.spec.group == key for r in results):
             continue
@@ -387,15 +414,24 @@ def write_report(
         else:
             md += _paired_table(results, key)
         md.append("")
+    return md
+
+
+def _sections_written_elsewhere(out: Path) -> list[str]:
+    """The sections other benchmarks wrote beside the report (their own servers, clusters)."""
+    md: list[str] = []
     streaming = out / "streaming.md"  # written by benchmarks/streaming.py (its own server)
     if streaming.exists():
         md += ["## Streaming from object storage", "", streaming.read_text(), ""]
     ray = out / "ray_offload.md"  # written by benchmarks/ray_offload.py (its own cluster)
     if ray.exists():
         md += ["## Past one machine: the decoding on a Ray worker node", "", ray.read_text(), ""]
-    md += ["## Plots", ""]
-    for name, title in made:
-        md += [f"### {title}", "", f"![{title}]({name})", ""]
+    return md
+
+
+def _failed_runs(results: list[Result]) -> list[str]:
+    """A section listing the runs that failed, if any did."""
+    md: list[str] = []
     failed = [r for r in results if r.error]
     if failed:
         md += ["## Failed runs", ""]
@@ -404,6 +440,4 @@ def write_report(
             for r in failed
         ]
         md.append("")
-    path = out / "REPORT.md"
-    path.write_text("\n".join(md))
-    return path
+    return md

@@ -32,125 +32,30 @@ nothing. Parts:
 3. ``loader``: ``torch_spdl.DataLoader`` with default arguments against torch's, on a
    dataset whose ``__getitem__`` sleeps 10 ms, ``num_workers=4``.
 4. ``trace``: the engine benchmark's 3 no-op sync stages with tracing off and on.
+
+The workloads' ops and pipelines are in ``_autotune_workloads.py``; this file measures them.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import io
 import itertools
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from _autotune_workloads import Workload, latency, workloads  # noqa: E402
 from _measure import cpu_count  # noqa: E402  (benchmarks/_measure.py, beside us)
 from engine import sync_stages  # noqa: E402  (benchmarks/engine.py, beside us)
 
-from torch_spdl.pipeline import AutotuneConfig, PipelineBuilder  # noqa: E402
-
-DEFAULT_CPU_BUDGET = AutotuneConfig().cpu_budget
-
-
-SINK = 16
-latency = {"s": 0.004}  # the I/O stage of the two-stage pipeline; part 2 changes it
-
-
-# -- ops -------------------------------------------------------------------------------
-def sleep_sync(x: int) -> int:
-    time.sleep(0.005)
-    return x
-
-
-async def sleep_async(x: int) -> int:
-    await asyncio.sleep(0.005)
-    return x
-
-
-def io_wait(x: int) -> int:
-    time.sleep(latency["s"])
-    return x
-
-
-class Decoder:
-    """PIL decodes one of a few JPEGs (written to a temp dir, read once into memory)."""
-
-    def __init__(self, count: int = 16, side: int = 192) -> None:
-        import numpy as np
-        from PIL import Image
-
-        rng = np.random.default_rng(0)
-        self.blobs: list[bytes] = []
-        with tempfile.TemporaryDirectory() as tmp:
-            for i in range(count):
-                path = os.path.join(tmp, f"{i}.jpg")
-                pixels = (rng.random((side, side, 3)) * 255).astype("uint8")
-                Image.fromarray(pixels).save(path, quality=90)
-                with open(path, "rb") as f:
-                    self.blobs.append(f.read())
-
-    def __call__(self, x: int) -> int:
-        from PIL import Image
-
-        with Image.open(io.BytesIO(self.blobs[x % len(self.blobs)])) as im:
-            im.load()  # the decoder releases the GIL
-        return x
-
-
-# -- workloads ---------------------------------------------------------------------------
-@dataclass
-class Workload:
-    name: str
-    stages: list[tuple[Callable[[Any], Any], str]]  # op, stage name
-    levels: list[tuple[int, ...]]  # fixed concurrencies to sweep, one per stage
-    budget: float | None  # None: the default
-
-    def builder(self, source: Iterable[int], conc: tuple[int, ...] | str) -> PipelineBuilder:
-        b = PipelineBuilder().add_source(source)
-        for i, (op, name) in enumerate(self.stages):
-            b.pipe(op, concurrency=conc if isinstance(conc, str) else conc[i], name=name)
-        return b.add_sink(SINK)
-
-    def build(self, builder: PipelineBuilder) -> Any:
-        kw = {} if self.budget is None else {"cpu_budget": self.budget}
-        return builder.build(num_threads=64, **kw)
-
-    @property
-    def budget_value(self) -> float:
-        return DEFAULT_CPU_BUDGET if self.budget is None else self.budget
-
-
-def workloads() -> list[Workload]:
-    decode = Decoder()
-    return [
-        Workload(
-            "sync stage sleeping 5 ms",
-            [(sleep_sync, "sleep")],
-            [(c,) for c in (8, 16, 32, 48, 64)],
-            None,
-        ),
-        Workload(
-            "async stage sleeping 5 ms",
-            [(sleep_async, "sleep")],
-            [(c,) for c in (32, 64, 128, 160, 192, 224, 256)],
-            None,
-        ),
-        Workload("PIL decode", [(decode, "decode")], [(c,) for c in (1, 2, 3, 4)], 1.0),
-        Workload(
-            "I/O 4 ms then PIL decode",
-            [(io_wait, "io"), (decode, "decode")],
-            list(itertools.product((4, 8, 16, 32), (1, 2, 3))),
-            1.0,
-        ),
-    ]
+from torch_spdl.pipeline import PipelineBuilder  # noqa: E402
 
 
 @dataclass
@@ -223,131 +128,174 @@ def _label(conc: tuple[int, ...]) -> str:
     return "fixed " + ",".join(str(c) for c in conc)
 
 
+def _sweep(
+    w: Workload, n: int
+) -> tuple[dict[tuple[int, ...], list[Run]], list[tuple[tuple[int, ...], Run]]]:
+    """Run every fixed level of ``w`` over ``n`` items; return its runs and medians."""
+    # The sweep runs as many items as the runs it picks for: a short run's start-up
+    # dilutes its CPU figure, so a level within the budget over 3,000 items may be
+    # over it over 30,000.
+    # A 3,000-item run lasts a tenth of a second: one run's CPU figure can be a
+    # quarter off, so the short sweep takes the median of three runs per level,
+    # interleaved (the long one, of one).
+    rounds = 3 if n <= 3000 else 1
+    runs: dict[tuple[int, ...], list[Run]] = {c: [] for c in w.levels}
+    for _ in range(rounds):
+        for conc in w.levels:
+            runs[conc].append(run_once(w, n, conc))
+    sweep = []
+    for conc in w.levels:
+        rs = runs[conc]
+        r = Run(
+            statistics.median(x.rate for x in rs),
+            statistics.median(x.cpu for x in rs),
+            statistics.median(x.ramp for x in rs),
+        )
+        sweep.append((conc, r))
+        print(
+            f"  sweep {n:>6,} {_label(conc):<14} {r.rate:>9,.0f}/s  CPU {r.cpu:>4.0%}"
+            + (f"  (median of {rounds})" if rounds > 1 else ""),
+            flush=True,
+        )
+    return runs, sweep
+
+
+def _candidates(
+    w: Workload,
+    runs: dict[tuple[int, ...], list[Run]],
+    sweep: list[tuple[tuple[int, ...], Run]],
+) -> list[tuple[int, ...]]:
+    """The fixed levels to run beside auto: the fastest, and the fastest within the budget."""
+    # The reference is measured beside auto, not taken from the sweep: the CPU a
+    # level costs moves between runs (on 2 cores it about doubles once the load
+    # spreads the threads over both cores, which a sweep climbing level by level
+    # may not trigger), so the best fixed level within the budget is decided on
+    # the CPU measured in these alternating runs.
+    # Within the budget means what it means for auto: at most the tuner's tolerance
+    # band (10%) over it, in every run.
+    limit = w.budget_value * 1.1
+    top = {c: max(x.cpu for x in runs[c]) for c in w.levels}
+    fits = [(c, r) for c, r in sweep if top[c] <= limit] or sweep
+    near = [(c, r) for c, r in sweep if r.cpu <= 1.5 * w.budget_value] or sweep
+    # the 3 fastest, and the 2 fastest within the budget in every sweep run (should
+    # the faster ones be over it in a run beside auto, the next ones down are there)
+    ranked = sorted(near, key=lambda cr: -cr[1].rate)[:3]
+    within_sweep = sorted(fits, key=lambda cr: -cr[1].rate)[:2]
+    cands = list(dict.fromkeys(c for c, _ in ranked + within_sweep))
+    print(f"  candidates, run alternately with auto: {', '.join(_label(c) for c in cands)}")
+    return cands
+
+
+def _alternate(
+    w: Workload, n: int, cands: list[tuple[int, ...]], reps: int
+) -> dict[Any, list[Run]]:
+    """Run the candidates and auto ``reps`` times each, the order rotated every round."""
+    results: dict[Any, list[Run]] = {c: [] for c in [*cands, "auto"]}
+    for i in range(reps):  # alternate: every run sees the same machine load
+        order = [*cands, "auto"]
+        k = i % len(order)
+        for conc in order[k:] + order[:k]:
+            results[conc].append(run_once(w, n, conc))
+
+    return results
+
+
+def _compare_at(w: Workload, n: int, repeats: int) -> None:
+    """Auto against the best fixed level of ``w`` over ``n`` items, printed."""
+    runs, sweep = _sweep(w, n)
+    cands = _candidates(w, runs, sweep)
+    # A 3,000-item run lasts 0.1-0.9 s, and on a shared machine its rate spreads two
+    # to three times as far as a 30,000-item run's (PIL decode, fixed 4: 3,552-4,727/s
+    # against 4,004-4,447/s): the median of 7 moved by more than auto's margin between
+    # full runs of this benchmark. Three times the runs cost a third of the long
+    # ones' time.
+    reps = 3 * repeats if n <= 3000 else repeats
+    print(
+        f"  {'items':>7} {'run':<18} {'items/s':>9} {'CPU':>5} {'ramp s':>7} "
+        f"{'vs best':>8}  (median of {reps}; range; CPU median) final auto setting"
+    )
+    print(
+        "  (CPU: the most of any run; 'over' marks one more than 10% over the "
+        "budget, the tuner's tolerance band; ramp: 0.10 is the first full 0.1 s "
+        "window)"
+    )
+    results = _alternate(w, n, cands, reps)
+    _print_comparison(w, n, cands, sweep, results)
+
+
+def _print_comparison(
+    w: Workload,
+    n: int,
+    cands: list[tuple[int, ...]],
+    sweep: list[tuple[tuple[int, ...], Run]],
+    results: dict[Any, list[Run]],
+) -> None:
+    """Print each side's figures and auto against the best fixed level."""
+    limit = w.budget_value * 1.1
+    rate = {c: statistics.median(r.rate for r in runs) for c, runs in results.items()}
+    top_cpu = {c: max(r.cpu for r in runs) for c, runs in results.items()}
+    mid_cpu = {c: statistics.median(r.cpu for r in runs) for c, runs in results.items()}
+    within = [c for c in cands if top_cpu[c] <= limit] or [min(cands, key=top_cpu.get)]
+    # The reference is the level a user sweeping would pick: the fastest in the
+    # sweep, of those within the budget here. Picking the fastest of these runs
+    # instead would pick on the same noise it is then measured with (the most of
+    # several medians, each +-10% here, sits above what that level
+    # does), so that figure is printed beside it, not used.
+    sweep_rate = dict(sweep)
+    best = max(within, key=lambda c: sweep_rate[c].rate)
+    fastest = max(within, key=rate.get)
+    mf = rate[best]
+    # the looser rule, for comparison: the median run within the budget
+    by_median = [c for c in cands if mid_cpu[c] <= limit]
+    loose = max(by_median, key=rate.get) if by_median else None
+    for conc, runs in results.items():
+        label = "auto" if conc == "auto" else _label(conc)
+        if conc == best:
+            label += " (best)"
+        elif conc == fastest:
+            label += " (fastest)"
+        m, cpu = rate[conc], top_cpu[conc]
+        ramp = statistics.median(r.ramp for r in runs)
+        rng = f"{min(r.rate for r in runs):,.0f}-{max(r.rate for r in runs):,.0f}"
+        over = " over" if cpu > w.budget_value * 1.1 else ""
+        print(
+            f"  {n:>7,} {label:<18} {m:>9,.0f} {cpu:>5.0%}{over} {ramp:>7.2f} "
+            f"{m / mf:>8.0%}  ({rng}; {mid_cpu[conc]:.0%}) {runs[len(runs) // 2].final}",
+            flush=True,
+        )
+    auto = rate["auto"]
+    # Each round ran every side once, so the ratio within a round is taken at one
+    # machine load; its median is steadier than the ratio of medians where the
+    # load drifts over minutes (a 30,000-item round of the two-stage pipeline
+    # lasts half a minute, and one level's runs spread over 10-20%).
+    paired = statistics.median(
+        a.rate / b.rate for a, b in zip(results["auto"], results[best], strict=True)
+    )
+    print(
+        f"  best fixed (the sweep's fastest within the budget in every one of these "
+        f"runs): {_label(best)}; auto reached {auto / mf:.0%} of it (median of the "
+        f"rounds' ratios: {paired:.0%}); auto's CPU at most {top_cpu['auto']:.0%}"
+        f" ({'within' if top_cpu['auto'] <= limit else 'OVER'} the budget's band)"
+    )
+    if fastest != best:
+        print(
+            f"  (the fastest of these runs within the budget: {_label(fastest)}; "
+            f"auto reached {auto / rate[fastest]:.0%} of it)"
+        )
+    if loose is not None and loose != best:
+        print(
+            f"  (the fastest whose median run is within the budget: {_label(loose)}, "
+            f"CPU up to {top_cpu[loose]:.0%}; auto reached {auto / rate[loose]:.0%} of it)"
+        )
+
+
 def part_workloads(repeats: int, quick: bool) -> None:
     sizes = (3000,) if quick else (3000, 30000)
     print("\n## Part 1: auto against the best fixed concurrency (whole runs, start-up included)")
     for w in workloads():
         print(f"\n### {w.name} (cpu_budget={w.budget_value})")
         for n in sizes:
-            # The sweep runs as many items as the runs it picks for: a short run's start-up
-            # dilutes its CPU figure, so a level within the budget over 3,000 items may be
-            # over it over 30,000.
-            # A 3,000-item run lasts a tenth of a second: one run's CPU figure can be a
-            # quarter off, so the short sweep takes the median of three runs per level,
-            # interleaved (the long one, of one).
-            rounds = 3 if n <= 3000 else 1
-            runs: dict[tuple[int, ...], list[Run]] = {c: [] for c in w.levels}
-            for _ in range(rounds):
-                for conc in w.levels:
-                    runs[conc].append(run_once(w, n, conc))
-            sweep = []
-            for conc in w.levels:
-                rs = runs[conc]
-                r = Run(
-                    statistics.median(x.rate for x in rs),
-                    statistics.median(x.cpu for x in rs),
-                    statistics.median(x.ramp for x in rs),
-                )
-                sweep.append((conc, r))
-                print(
-                    f"  sweep {n:>6,} {_label(conc):<14} {r.rate:>9,.0f}/s  CPU {r.cpu:>4.0%}"
-                    + (f"  (median of {rounds})" if rounds > 1 else ""),
-                    flush=True,
-                )
-            # The reference is measured beside auto, not taken from the sweep: the CPU a
-            # level costs moves between runs (on 2 cores it about doubles once the load
-            # spreads the threads over both cores, which a sweep climbing level by level
-            # may not trigger), so the best fixed level within the budget is decided on
-            # the CPU measured in these alternating runs.
-            # Within the budget means what it means for auto: at most the tuner's tolerance
-            # band (10%) over it, in every run.
-            limit = w.budget_value * 1.1
-            top = {c: max(x.cpu for x in runs[c]) for c in w.levels}
-            fits = [(c, r) for c, r in sweep if top[c] <= limit] or sweep
-            near = [(c, r) for c, r in sweep if r.cpu <= 1.5 * w.budget_value] or sweep
-            # the 3 fastest, and the 2 fastest within the budget in every sweep run (should
-            # the faster ones be over it in a run beside auto, the next ones down are there)
-            ranked = sorted(near, key=lambda cr: -cr[1].rate)[:3]
-            within_sweep = sorted(fits, key=lambda cr: -cr[1].rate)[:2]
-            cands = list(dict.fromkeys(c for c, _ in ranked + within_sweep))
-            print(f"  candidates, run alternately with auto: {', '.join(_label(c) for c in cands)}")
-            # A 3,000-item run lasts 0.1-0.9 s, and on a shared machine its rate spreads two
-            # to three times as far as a 30,000-item run's (PIL decode, fixed 4: 3,552-4,727/s
-            # against 4,004-4,447/s): the median of 7 moved by more than auto's margin between
-            # full runs of this benchmark. Three times the runs cost a third of the long
-            # ones' time.
-            reps = 3 * repeats if n <= 3000 else repeats
-            print(
-                f"  {'items':>7} {'run':<18} {'items/s':>9} {'CPU':>5} {'ramp s':>7} "
-                f"{'vs best':>8}  (median of {reps}; range; CPU median) final auto setting"
-            )
-            print(
-                "  (CPU: the most of any run; 'over' marks one more than 10% over the "
-                "budget, the tuner's tolerance band; ramp: 0.10 is the first full 0.1 s "
-                "window)"
-            )
-            results: dict[Any, list[Run]] = {c: [] for c in [*cands, "auto"]}
-            for i in range(reps):  # alternate: every run sees the same machine load
-                order = [*cands, "auto"]
-                k = i % len(order)
-                for conc in order[k:] + order[:k]:
-                    results[conc].append(run_once(w, n, conc))
-
-            rate = {c: statistics.median(r.rate for r in runs) for c, runs in results.items()}
-            top_cpu = {c: max(r.cpu for r in runs) for c, runs in results.items()}
-            mid_cpu = {c: statistics.median(r.cpu for r in runs) for c, runs in results.items()}
-            within = [c for c in cands if top_cpu[c] <= limit] or [min(cands, key=top_cpu.get)]
-            # The reference is the level a user sweeping would pick: the fastest in the
-            # sweep, of those within the budget here. Picking the fastest of these runs
-            # instead would pick on the same noise it is then measured with (the most of
-            # several medians, each +-10% here, sits above what that level
-            # does), so that figure is printed beside it, not used.
-            sweep_rate = dict(sweep)
-            best = max(within, key=lambda c: sweep_rate[c].rate)
-            fastest = max(within, key=rate.get)
-            mf = rate[best]
-            # the looser rule, for comparison: the median run within the budget
-            by_median = [c for c in cands if mid_cpu[c] <= limit]
-            loose = max(by_median, key=rate.get) if by_median else None
-            for conc, runs in results.items():
-                label = "auto" if conc == "auto" else _label(conc)
-                if conc == best:
-                    label += " (best)"
-                elif conc == fastest:
-                    label += " (fastest)"
-                m, cpu = rate[conc], top_cpu[conc]
-                ramp = statistics.median(r.ramp for r in runs)
-                rng = f"{min(r.rate for r in runs):,.0f}-{max(r.rate for r in runs):,.0f}"
-                over = " over" if cpu > w.budget_value * 1.1 else ""
-                print(
-                    f"  {n:>7,} {label:<18} {m:>9,.0f} {cpu:>5.0%}{over} {ramp:>7.2f} "
-                    f"{m / mf:>8.0%}  ({rng}; {mid_cpu[conc]:.0%}) {runs[len(runs) // 2].final}",
-                    flush=True,
-                )
-            auto = rate["auto"]
-            # Each round ran every side once, so the ratio within a round is taken at one
-            # machine load; its median is steadier than the ratio of medians where the
-            # load drifts over minutes (a 30,000-item round of the two-stage pipeline
-            # lasts half a minute, and one level's runs spread over 10-20%).
-            paired = statistics.median(
-                a.rate / b.rate for a, b in zip(results["auto"], results[best], strict=True)
-            )
-            print(
-                f"  best fixed (the sweep's fastest within the budget in every one of these "
-                f"runs): {_label(best)}; auto reached {auto / mf:.0%} of it (median of the "
-                f"rounds' ratios: {paired:.0%}); auto's CPU at most {top_cpu['auto']:.0%}"
-                f" ({'within' if top_cpu['auto'] <= limit else 'OVER'} the budget's band)"
-            )
-            if fastest != best:
-                print(
-                    f"  (the fastest of these runs within the budget: {_label(fastest)}; "
-                    f"auto reached {auto / rate[fastest]:.0%} of it)"
-                )
-            if loose is not None and loose != best:
-                print(
-                    f"  (the fastest whose median run is within the budget: {_label(loose)}, "
-                    f"CPU up to {top_cpu[loose]:.0%}; auto reached {auto / rate[loose]:.0%} of it)"
-                )
+            _compare_at(w, n, repeats)
         # what was learnt: one builder, built twice
         b = w.builder(range(3000), "auto")
         first, second = run_once(w, 3000, "auto", b), run_once(w, 3000, "auto", b)

@@ -20,12 +20,12 @@ Cases:
    small tensors; each run is a fresh process, so both pay a cold start.
 
 ``ratio`` is torch_spdl / torch: above 1 is better for rates, below 1 for memory and time.
+The datasets are in ``_datasets.py`` (the report and the swap cells measure them too).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import json
 import os
@@ -41,112 +41,34 @@ from typing import Any
 
 import torch
 from _consumers import touch as _touch  # benchmarks/_consumers.py: the shared consumers
+from _datasets import (  # benchmarks/_datasets.py: the datasets measured here and elsewhere
+    AsyncSleepStaged,
+    ImageDataset,
+    IntDataset,
+    SleepDataset,
+    SmallTensorDataset,
+    StringDataset,
+    SyncSleepStaged,
+)
 from _measure import PeakMemory, pss_kb  # benchmarks/_measure.py, beside this script
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
 
 import torch_spdl
-from torch_spdl import StagedDataset
+
+__all__ = [  # the datasets, here for the scripts that import them from this benchmark
+    "AsyncSleepStaged",
+    "ImageDataset",
+    "IntDataset",
+    "SleepDataset",
+    "SmallTensorDataset",
+    "StringDataset",
+    "SyncSleepStaged",
+    "items_per_second",
+    "main",
+]
 
 TORCH_WORKERS = 2  # the cores of the development machine; torch gets exactly these
-
-# -- datasets (module level, so torch's forked workers and child processes see them) --------
-
-
-class SleepDataset(Dataset):
-    """Every sample waits 10 ms, as on a remote read (torch's ``__getitem__``)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        time.sleep(0.01)
-        return i
-
-
-class AsyncSleepStaged(StagedDataset):
-    """The same 10 ms wait, in an ``async`` load (runs on the pipeline's event loop)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    async def load(self, i: int) -> int:
-        await asyncio.sleep(0.01)
-        return i
-
-
-class SyncSleepStaged(StagedDataset):
-    """The same 10 ms wait, in a sync load (runs on ``io_concurrency`` threads)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def load(self, i: int) -> int:
-        time.sleep(0.01)
-        return i
-
-
-class ImageDataset(Dataset):
-    """3x224x224 uint8 tensors, 16 made once and returned by index mod 16."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.images = [torch.full((3, 224, 224), k, dtype=torch.uint8) for k in range(16)]
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return self.images[i % 16]
-
-
-class IntDataset(Dataset):
-    """The cheapest sample there is."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
-class StringDataset(Dataset):
-    """A list of Python strings: each access writes the string's refcount."""
-
-    def __init__(self, n: int) -> None:
-        self.items = [f"sample-{i:08d}" for i in range(n)]
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> str:
-        return self.items[i]
-
-
-class SmallTensorDataset(Dataset):
-    """Small float tensors, made on access."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        return torch.full((16,), float(i))
-
 
 # -- measuring ---------------------------------------------------------------------------
 

@@ -11,11 +11,18 @@ mode: 2 workers only, smaller datasets, no thread rows) and ``peers.py``'s workl
 configuration ``--repeats`` times in a fresh process (see ``_measure.py`` for what is
 measured and how), and writes ``REPORT.md`` with tables (median and min-max) and PNG plots
 to ``--out`` (default ``benchmarks/report/``). A progress bar shows the runs.
+
+On a busy machine: a run that other programs disturbed is run again (``--retries``), and
+in quick mode the reruns may take at most a quarter of the time of the planned runs
+(``--rerun-budget``; ``_reruns.py`` says why). The bar counts the reruns; when the budget
+is spent, no run is run again, one line says so, and the report marks the figures that
+keep disturbed runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 import time
@@ -27,7 +34,7 @@ sys.path.insert(0, str(HERE))  # the per-topic benchmarks and helpers beside thi
 import image_decode  # noqa: E402
 import peers  # noqa: E402
 import swap  # noqa: E402
-from _measure import RETRIES, Spec, machine, measure_all  # noqa: E402
+from _measure import QUICK_SHARE, RETRIES, Spec, machine, measure_all  # noqa: E402
 from _report import GROUPS, write_report  # noqa: E402
 
 CONCURRENCY = (1, 2, 4, 8)
@@ -90,8 +97,20 @@ def main(argv: list[str] | None = None) -> int:
         default=RETRIES,
         help=f"runs again of a timed run that other processes disturbed ({RETRIES}; 0 in CI)",
     )
+    parser.add_argument(
+        "--rerun-budget",
+        type=float,
+        default=None,
+        help=f"time the reruns may take, a share of the planned runs' ({QUICK_SHARE} quick; "
+        "no bound full)",
+    )
     args = parser.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 5)
+    budget = args.rerun_budget
+    if budget is None:
+        budget = QUICK_SHARE if args.quick else math.inf
+    if not budget >= 0:
+        parser.error(f"--rerun-budget must be 0 or more, got {budget}")
     if repeats < 1:
         parser.error(f"--repeats must be at least 1, got {repeats}")
     if args.retries < 0:
@@ -110,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
             (Path(tmp) / "peers").mkdir()
             data, _ = peers.prepare(Path(tmp) / "peers", args.quick)
             specs += peers.plan(args.quick, data)[0]
-        results = measure_all(specs, repeats, fresh_memory=not args.quick, retries=args.retries)
+        results = measure_all(
+            specs, repeats, fresh_memory=not args.quick, retries=args.retries, rerun_budget=budget
+        )
     elapsed = time.perf_counter() - t0
     report = write_report(
         args.out,

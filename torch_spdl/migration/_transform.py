@@ -90,9 +90,9 @@ class _Migrator(cst.CSTTransformer):
                 self._note(
                     original_node,
                     "note",
-                    "DataLoader(...): a staged dataset's load stage runs on io_concurrency "
-                    "threads of this process (default: autotuned, at least max(num_workers, "
-                    "8)); process runs in the num_workers worker processes, as torch's",
+                    "DataLoader(...): a staged dataset runs in the num_workers worker "
+                    "processes, as torch's: each runs a batch's load stages on threads of its "
+                    "own (up to io_concurrency; default: the batch, at most 64), then process",
                 )
         elif name is not None and name in LIBRARY_LOADERS:
             code = cst.Module([]).code_for_node(original_node.func)

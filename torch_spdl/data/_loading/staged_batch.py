@@ -113,13 +113,6 @@ class StagedBatch:
             self._timed.clear()
         return out
 
-    def close(self) -> None:
-        """Stop the threads (a worker process that exits with ``os._exit`` need not)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-
     # -- one sample -------------------------------------------------------------------------
     def _one(self, value: Any, index: Any) -> Any:
         name = ""
