@@ -254,7 +254,7 @@ def _rounds(args: Any, setup: dict[str, Any], setup_file: Path, names: list[str]
     return results, peaks
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--size", nargs=2, type=int, metavar=("SHARDS", "PER_SHARD"))
@@ -280,7 +280,42 @@ def main() -> int:
     parser.add_argument("--serve", nargs=4, type=int, help=argparse.SUPPRESS)
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--setup", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def _header(args: argparse.Namespace, setup: dict[str, Any], shards: int, w: int, h: int) -> str:
+    header = (
+        f"{shards} shards x {args.per_shard} JPEG samples ({w}x{h}, "
+        f"{setup['bytes'] / 2**20:.0f} MiB) on moto S3 and an HTTP server (127.0.0.1, "
+        f"{args.latency * 1000:.0f} ms added per request) and in local files, decoded to "
+        f"224x224, batch {args.batch}, {args.workers} workers, {os.cpu_count()} cores, "
+        f"consumer {args.consumer}, {args.repeats} rounds"
+    )
+    if args.spdl_kwargs:
+        header += f"; torch_spdl with {json.dumps(args.spdl_kwargs)}"
+    return header
+
+
+def _write_report(out: Path, header: str, rows: list[str]) -> None:
+    from _measure import machine
+
+    out.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    command = " ".join(["python", "benchmarks/streaming.py", *sys.argv[1:]])
+    text = [
+        f"{header}; {datetime.date.today().isoformat()}.",
+        "",
+        f"Command: `{command}`; machine: {info['cores']} cores ({info['CPU']}), "
+        f"{info['memory']}, torch {info['torch']}, torch_spdl {info['torch_spdl']}.",
+        "",
+        *rows,
+        "",
+    ]
+    (out / "streaming.md").write_text("\n".join(text))
+
+
+def main() -> int:
+    args = _parser().parse_args()
     from _streaming_runs import run_once, serve
 
     if args.serve:
@@ -307,15 +342,7 @@ def main() -> int:
         names = list(dict.fromkeys(n for s in suites for n in SUITE_RUNS[s]))
         setup_file = Path(f"/tmp/torch_spdl_streaming_bench_{os.getpid()}.json")
         setup_file.write_text(json.dumps({**setup, "spdl_kwargs": args.spdl_kwargs}))
-        header = (
-            f"{shards} shards x {per_shard} JPEG samples ({w}x{h}, "
-            f"{setup['bytes'] / 2**20:.0f} MiB) on moto S3 and an HTTP server (127.0.0.1, "
-            f"{args.latency * 1000:.0f} ms added per request) and in local files, decoded to "
-            f"224x224, batch {args.batch}, {args.workers} workers, {os.cpu_count()} cores, "
-            f"consumer {args.consumer}, {args.repeats} rounds"
-        )
-        if args.spdl_kwargs:
-            header += f"; torch_spdl with {json.dumps(args.spdl_kwargs)}"
+        header = _header(args, setup, shards, w, h)
         print(header, flush=True)
         results, peaks = _rounds(args, setup, setup_file, names)
         setup_file.unlink()
@@ -326,21 +353,7 @@ def main() -> int:
     rows = tables(results, peaks, suites)
     print("\n".join(rows))
     if args.out is not None:
-        from _measure import machine
-
-        args.out.mkdir(parents=True, exist_ok=True)
-        info = machine()
-        command = " ".join(["python", "benchmarks/streaming.py", *sys.argv[1:]])
-        text = [
-            f"{header}; {datetime.date.today().isoformat()}.",
-            "",
-            f"Command: `{command}`; machine: {info['cores']} cores ({info['CPU']}), "
-            f"{info['memory']}, torch {info['torch']}, torch_spdl {info['torch_spdl']}.",
-            "",
-            *rows,
-            "",
-        ]
-        (args.out / "streaming.md").write_text("\n".join(text))
+        _write_report(args.out, header, rows)
     return 0
 
 
