@@ -11,7 +11,9 @@ policies mean when a stream ends is decided at the draw that finds it ended: sto
 Resuming at the same shape is exact when every stream is stateful: the mix's state holds
 the draw RNG, each stream's own state and which streams have ended. On another number of
 ranks or workers the draws cannot be dealt again (each consumer's streams hold their own
-shares), so the epoch starts over, with a warning saying so.
+shares); when every stream can deal its own rest again (``StreamingDataset``), the list of
+every rank's loader state resumes the mix there (:mod:`._streams_resume`: every sample not
+delivered, once, drawn anew); otherwise the epoch starts over, with a warning saying so.
 """
 
 from __future__ import annotations
@@ -26,11 +28,22 @@ import torch
 from ._apportion import POLICIES, check_weights
 from ._ranks import resolve_rank_and_world_size
 from ._seeds import derive_seed
+from ._streams_resume import FORMAT, RunOfStreams, elastic_streams
 from ._types import EpochStream
 
 __all__ = ["MixedStreams"]
 
-_FORMAT = "torch_spdl.source/streams-1"
+_FORMAT = FORMAT
+
+
+def _warn_redrawn(run: RunOfStreams, stacklevel: int) -> None:
+    warnings.warn(
+        f"MixedStreams: resuming a mix saved at {run['consumers']} consumer(s) on another "
+        "number: every sample not delivered comes once, but drawn anew, not in the saved "
+        "order; an epoch_length's rest is split evenly, and under 'cycle' or "
+        "'first_exhausted' no stream counts as ended (see torch_spdl.source._streams_resume)",
+        stacklevel=stacklevel + 1,
+    )
 
 
 class MixedStreams(torch.utils.data.IterableDataset[Any]):
@@ -83,6 +96,7 @@ class MixedStreams(torch.utils.data.IterableDataset[Any]):
         self.epoch = 0
         self._live: dict[str, Any] | None = None  # the current iteration's state
         self._restore: dict[str, Any] | None = None
+        self._run: RunOfStreams | None = None  # a saved run resumed elastically
 
     def set_epoch(self, epoch: int) -> None:
         """Select ``epoch`` for the next iteration, here and in every stream."""
@@ -103,14 +117,39 @@ class MixedStreams(torch.utils.data.IterableDataset[Any]):
     def __iter__(self) -> Iterator[Any]:
         consumer, consumers = self._consumer()
         state = self._restored(consumer, consumers)
+        quota = self._quota(consumer, consumers)
+        if state is None and self._run is not None:
+            state, quota = self._resumed(consumer, consumers)
         if state is None:
             rng = random.Random(derive_seed(self.seed, "streams", self.epoch, consumer))
             state = {"epoch": self.epoch, "consumer": consumer, "consumers": consumers,
+                     "world_size": self.world_size,
                      "rng": rng.getstate(), "ended": [False] * len(self.streams),
                      "gone": [False] * len(self.streams), "pass": [0] * len(self.streams),
                      "delivered": 0}  # fmt: skip
         self._live = state
-        return self._draws(state, self._quota(consumer, consumers))
+        return self._draws(state, quota)
+
+    def _resumed(self, consumer: int, consumers: int) -> tuple[dict[str, Any] | None, int | None]:
+        """This consumer's start in the saved run ``self._run`` (its streams already hold
+        their shares): the saved mix state at the saved shape (exact), else a new draw."""
+        run, self._run = self._run, None
+        assert run is not None
+        if run["consumers"] == consumers:  # the saved shape: exact
+            mix = run["mixes"].get(consumer)  # None: it had not started, so it starts
+            if mix is not None:
+                mix = {**mix, **{k: list(mix[k]) for k in ("ended", "gone", "pass")}}
+            return mix, self._quota(consumer, consumers)
+        if run["world_size"] == self.world_size:  # load_state_dict could not tell
+            _warn_redrawn(run, stacklevel=3)
+        rng = random.Random(derive_seed(self.seed, "streams-resumed", self.epoch, consumer))
+        n = len(self.streams)
+        state = {"epoch": self.epoch, "consumer": consumer, "consumers": consumers,
+                 "world_size": self.world_size,
+                 "rng": rng.getstate(), "ended": [False] * n, "gone": [False] * n,
+                 "pass": [0] * n, "delivered": 0}  # fmt: skip
+        left = None if self.epoch_length is None else self.epoch_length - run["delivered"]
+        return state, None if left is None else len(range(consumer, max(left, 0), consumers))
 
     def _draws(self, state: dict[str, Any], quota: int | None) -> Iterator[Any]:
         """The samples of one consumer's epoch, from ``state`` on (kept up to date in it)."""
@@ -160,9 +199,28 @@ class MixedStreams(torch.utils.data.IterableDataset[Any]):
         return {"format": _FORMAT, "mix": dict(live) if live else None, "streams": streams}
 
     def load_state_dict(self, state: Any) -> None:
-        """Resume at the same shape (the loader hands each worker its own state). A state
-        of another consumer, or a list of ranks' states, cannot be dealt again: the epoch
-        then starts over, with a warning."""
+        """Resume where a saved run stopped.
+
+        Args:
+            state: a consumer's own state (the loader hands each worker its own, at the
+                same shape); or the list of the ``state_dict()`` of every rank's
+                ``torch_spdl.DataLoader`` of the saved run, on any number of ranks and
+                workers, when every stream can deal its own rest again (its class sets
+                ``resumes_from_consumer_states``, as ``StreamingDataset``'s does): call
+                this before the DataLoader is made. At the saved shape that is exact; at
+                another, every sample not delivered comes once, drawn anew (a warning
+                says so). A list the streams cannot take: the epoch starts over, with a
+                warning.
+
+        Raises:
+            ValueError: for states of different runs, or a list that misses a consumer.
+        """
+        run = elastic_streams(self.streams, state)
+        if run is not None:
+            self.epoch, self._run, self._restore = run["epoch"], run, None
+            if run["world_size"] != self.world_size:  # workers only: the consumer says it
+                _warn_redrawn(run, stacklevel=2)
+            return
         if not isinstance(state, dict) or state.get("format") != _FORMAT:
             warnings.warn(
                 "MixedStreams: a mix of streams cannot resume on another number of ranks or "

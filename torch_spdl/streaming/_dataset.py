@@ -160,6 +160,10 @@ class StreamingDataset(torch.utils.data.IterableDataset[Any]):
             go first; a shard being read is never removed); None: no limit.
     """
 
+    #: ``torch_spdl.source.MixedStreams`` may hand ``load_state_dict`` the list of every
+    #: saved consumer's state of this stream (each new consumer then takes its share)
+    resumes_from_consumer_states = True
+
     def __init__(
         self,
         urls: str | Iterable[str],
