@@ -118,3 +118,13 @@ def test_a_mix_resumed_at_its_saved_shape_is_exact(s3: Any) -> None:
     # at worker 0 (the loader's own state, not the mix's, holds whose turn it was)
     assert sorted(head + tail) == sorted(whole) and head == whole[:4]
     assert Counter(sum(head + tail, [])) == Counter(ALL)
+
+
+def test_a_missing_rank_of_a_mix_is_an_error_not_a_loss(s3: Any) -> None:
+    loader = torch_spdl.DataLoader(_mix(s3, 1, 2), batch_size=3, num_workers=2)
+    it = iter(loader)
+    _values(next(it) for _ in range(2))
+    state = loader.state_dict()
+    del it
+    with pytest.raises(ValueError, match=r"missing.*rank=0"):
+        _mix(s3, 0, 1).load_state_dict([state])  # rank 0's state left out
