@@ -126,6 +126,18 @@ def loader(root: str, seed: int, ray: bool) -> Iterator[tuple[Any, Any]]:
     return iter(torch_spdl.DataLoader(dataset, worker_type="ray", ray_options=options, **kw))
 
 
+def _has_ray_data() -> bool:
+    """Whether Ray Data imports here (``ray[data]``: pandas and pyarrow); says so if not."""
+    if find_spec("pyarrow") and find_spec("pandas"):
+        return True
+    print(
+        "ray-data not measured: Ray Data needs ray[data] (pandas, pyarrow): "
+        "pip install -e '.[bench]'",
+        file=sys.stderr,
+    )
+    return False
+
+
 def ray_data(root: str, seed: int) -> Iterator[tuple[Any, Any]]:
     import ray
     from torchvision.datasets import ImageFolder
@@ -326,7 +338,7 @@ def measure(args: argparse.Namespace, root: str, images: int) -> tuple[dict, lis
         os.sched_setaffinity(0, {0})
         cluster.cluster.wait_for_nodes()
         tree = Tree({p.pid for p in psutil.Process().children()})  # all Ray's, so far
-        contenders = [c for c in CONTENDERS if c != "ray-data" or find_spec("pyarrow")]
+        contenders = [c for c in CONTENDERS if c != "ray-data" or _has_ray_data()]
         results: dict[str, list[dict]] = {c: [] for c in contenders}
         for r in range(args.runs):
             for name in contenders[r % len(contenders) :] + contenders[: r % len(contenders)]:
