@@ -72,27 +72,38 @@ def _loaders(s3: Any, urls: list[str], epoch: int, **kwargs: Any) -> list[Any]:
 
 
 def _copies(cache: Path) -> dict[str, int]:
-    """The cached shards by name, and their sizes."""
+    """The cached shards by name, and their sizes: a look at a cache in use, without its
+    locks, so a copy evicted between the listing and the reading is not counted (it is no
+    longer held)."""
     found = {}
     for record in cache.glob("*.json"):
-        meta = json.loads(record.read_text())
-        found[meta["url"].rsplit("/", 1)[-1]] = (cache / f"{record.stem}.shard").stat().st_size
+        try:
+            meta = json.loads(record.read_text())
+            size = (cache / f"{record.stem}.shard").stat().st_size
+        except FileNotFoundError:  # evicted while we looked
+            continue
+        found[meta["url"].rsplit("/", 1)[-1]] = size
     return found
 
 
 def _both_ranks(loaders: list[Any], after_each: Any = None) -> list[tuple[int, str]]:
     """Both ranks' epochs, a batch of each in turn (their workers read at the same time)."""
     its, out = [iter(loader) for loader in loaders], []
-    while its:
-        for it in list(its):
-            try:
-                batch = next(it)
-            except StopIteration:
-                its.remove(it)
-                continue
-            out += [(int(c), t) for c, t in zip(batch["cls"], batch["txt"], strict=True)]
-            if after_each is not None:
-                after_each()
+    try:
+        while its:
+            for it in list(its):
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    its.remove(it)
+                    continue
+                out += [(int(c), t) for c, t in zip(batch["cls"], batch["txt"], strict=True)]
+                if after_each is not None:
+                    after_each()
+    finally:
+        # a failed check keeps this frame in its traceback: not the iterators (and workers)
+        its.clear()
+        it = None  # noqa: F841
     return out
 
 

@@ -31,7 +31,7 @@ def warm_s3() -> None:
         if _LOADER:
             return
         try:
-            from aiobotocore.session import AioSession
+            from aiobotocore.session import AioSession  # type: ignore[import-untyped]
         except ImportError:
             return
         session = AioSession()

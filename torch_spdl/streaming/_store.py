@@ -92,7 +92,7 @@ class Store:
         fs = self._fs.get(protocol)
         if fs is not None:
             return fs
-        import fsspec  # type: ignore[import-untyped]
+        import fsspec
 
         cls = fsspec.get_filesystem_class(protocol)
         options = self._options_for(protocol)
