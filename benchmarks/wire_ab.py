@@ -30,24 +30,13 @@ from pathlib import Path
 _HERE = Path(__file__).resolve()
 
 
-class Ints:
-    """``n`` ints, each its own index: nothing to load."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 def one_run(n: int, profile: bool) -> dict[str, float]:
     """One epoch in this process, timed from its first batch; the figures as a dict."""
+    from _datasets import IntDataset  # benchmarks/_datasets.py, on the child's path
+
     from torch_spdl import DataLoader
 
-    it = iter(DataLoader(Ints(n), batch_size=32, num_workers=2))
+    it = iter(DataLoader(IntDataset(n), batch_size=32, num_workers=2))
     next(it)
     prof = cProfile.Profile() if profile else None
     t0, c0, batches = time.perf_counter(), time.thread_time(), 0
