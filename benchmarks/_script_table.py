@@ -38,8 +38,14 @@ def _curves(by_side: dict[str, list[dict]]) -> str:
 
 
 def did(lines: list[str]) -> str:
-    """What migrate made of a file, in a few words: the classes it split, else the import."""
-    split = [ln.split("class ", 1)[1].split(":", 1)[0] for ln in lines if ": split: class " in ln]
+    """What migrate made of a file, in a few words: the classes it split (the script's own,
+    or torchvision's folder datasets it staged), else the import."""
+    split = []
+    for ln in lines:
+        if ": split: class " in ln:
+            split.append(ln.split("class ", 1)[1].split(":", 1)[0])
+        elif ": split: " in ln and " -> torch_spdl.vision." in ln:
+            split.append("staged " + ln.split(" -> ", 1)[1].split("(", 1)[0])
     return f"split {', '.join(split)}" if split else "import only (= swap)"
 
 

@@ -30,6 +30,7 @@ EXPECTED: dict[str, dict[str, list[str] | None]] = {
     "http_download": {"RemoteImageDataset": ["load (io)", "process (cpu)"]},
     "unsplittable": {"ClipDataset": None},
     "collate_sampler": {"SequenceDataset": ["load (io)", "process (cpu)"]},
+    "torchvision_folder": {"ImageFolder": ["load (io)", "process (cpu)"], "DatasetFolder": None},
 }
 
 

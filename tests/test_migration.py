@@ -94,7 +94,10 @@ def test_migrated_case_yields_the_same_batches(case: str, tmp_path: Path) -> Non
             assert len(got) == len(expected) > 0
             assert_same(got, expected)
             for i in range(len(dataset)):  # __getitem__ still composes load and process
-                assert_same(dataset[i], theirs.dataset[i], f"sample {i}")
+                torch.manual_seed(i)  # the same global draws for random transforms
+                mine = dataset[i]
+                torch.manual_seed(i)
+                assert_same(mine, theirs.dataset[i], f"sample {i}")
 
 
 # -- the rules, on small sources ---------------------------------------------------------------
@@ -815,3 +818,48 @@ def test_a_write_stopped_midway_leaves_the_file_whole_and_no_temporary_file(
         assert done.returncode == 1, done.stderr
         assert f"{big}: error: cannot write: File too large (left untouched)" in done.stderr
         assert small.read_text() == _MIGRATED
+
+
+# -- torchvision's folder datasets ---------------------------------------------------------------
+def test_torchvision_folder_calls_are_staged_by_name_only_with_the_pil_loader() -> None:
+    source = textwrap.dedent(
+        """\
+        from torchvision.datasets import DatasetFolder, ImageFolder
+        from torchvision.datasets.folder import default_loader
+        import torchvision
+
+
+        def mine(path):
+            return open(path, "rb").read()
+
+
+        a = ImageFolder("r", None, None)
+        b = DatasetFolder("r", default_loader, (".jpg",))
+        c = torchvision.datasets.ImageFolder("r", loader=mine)
+        d = ImageFolder(*args)
+        e = isinstance(a, torchvision.datasets.ImageFolder)
+
+
+        class Mine(ImageFolder):
+            pass
+        """
+    )
+    result = migrate_source(source)
+    lines = result.migrated.splitlines()
+    assert lines[3] == "import torch_spdl.vision"  # after the block of imports
+    assert 'a = torch_spdl.vision.ImageFolder("r", None, None)' in lines
+    assert 'b = torch_spdl.vision.DatasetFolder("r", default_loader, (".jpg",))' in lines
+    assert 'c = torchvision.datasets.ImageFolder("r", loader=mine)' in lines
+    assert "d = ImageFolder(*args)" in lines
+    assert "e = isinstance(a, torchvision.datasets.ImageFolder)" in lines  # names stay
+    assert "class Mine(ImageFolder):" in lines
+    splits = [d for d in result.decisions if d.kind == "split"]
+    assert [(d.line, d.name, d.stages) for d in splits] == [
+        (10, "ImageFolder", ["load (io)", "process (cpu)"]),
+        (11, "DatasetFolder", ["load (io)", "process (cpu)"]),
+    ]
+    kept = {d.line: d.message for d in result.decisions if d.kind == "kept"}
+    assert "loader=mine is not torchvision's PIL loader" in kept[12]
+    assert "through * or **" in kept[13]
+    again = migrate_source(result.migrated)
+    assert again.status == "unchanged"

@@ -38,7 +38,7 @@ _LAZY = {
 
 __all__ = ["__version__", *_LAZY]
 
-_SUBPACKAGES = ("io", "source", "data", "lightning", "pipeline")  # imported on first use
+_SUBPACKAGES = ("io", "source", "data", "lightning", "pipeline", "vision")  # imported on first use
 
 
 def __getattr__(name: str) -> Any:

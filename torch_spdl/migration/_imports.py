@@ -31,12 +31,13 @@ def _from_torch_spdl(stmt: cst.CSTNode) -> cst.ImportFrom | None:
     return None
 
 
-def _imports_torch_spdl(stmt: cst.CSTNode) -> bool:
+def _imports_module(stmt: cst.CSTNode, module: str) -> bool:
+    """Whether ``stmt`` is ``import MODULE`` (among others), binding its top name."""
     if not isinstance(stmt, cst.SimpleStatementLine):
         return False
     return any(
         isinstance(s, cst.Import)
-        and any(dotted(a.name) == "torch_spdl" and a.asname is None for a in s.names)
+        and any(dotted(a.name) == module and a.asname is None for a in s.names)
         for s in stmt.body
     )
 
@@ -45,6 +46,12 @@ def _alias(name: str, asname: str | None) -> cst.ImportAlias:
     return cst.ImportAlias(
         name=cst.Name(name), asname=cst.AsName(name=cst.Name(asname)) if asname else None
     )
+
+
+def _import_line(module: str) -> cst.SimpleStatementLine:
+    name = cst.parse_expression(module)
+    assert isinstance(name, cst.Name | cst.Attribute)
+    return cst.SimpleStatementLine(body=[cst.Import(names=[cst.ImportAlias(name)])])
 
 
 def _key(alias: cst.ImportAlias) -> tuple[str, str | None]:
@@ -104,11 +111,16 @@ def _insertion_point(body: Sequence[cst.BaseStatement]) -> int:
 
 
 def ensure_imports(
-    module: cst.Module, names: list[tuple[str, str | None]], want_module: bool
+    module: cst.Module,
+    names: list[tuple[str, str | None]],
+    want_module: bool,
+    want_vision: bool = False,
 ) -> cst.Module:
-    """Make ``names`` ((name, asname) pairs) importable from torch_spdl, and the module
-    itself if ``want_module``. The imports go where :func:`_insertion_point` says; an
-    existing ``from torch_spdl import`` line before that point is reused."""
+    """Make ``names`` ((name, asname) pairs) importable from torch_spdl, the module itself
+    if ``want_module``, and ``torch_spdl.vision`` if ``want_vision`` (``import
+    torch_spdl.vision``, which binds ``torch_spdl`` too). The imports go where
+    :func:`_insertion_point` says; an existing ``from torch_spdl import`` line before that
+    point is reused."""
     body = list(module.body)
     at = _insertion_point(body)
     names = sorted(set(names), key=_sort_key)
@@ -136,10 +148,14 @@ def ensure_imports(
                 body=[cst.ImportFrom(module=cst.Name("torch_spdl"), names=aliases)]
             )
         )
-    if want_module and not any(_imports_torch_spdl(s) for s in body[:at]):
-        new.insert(
-            0, cst.SimpleStatementLine(body=[cst.Import(names=[_alias("torch_spdl", None)])])
-        )
+
+    def has(name: str) -> bool:
+        return any(_imports_module(s, name) for s in body[:at])
+
+    if want_vision and not has("torch_spdl.vision"):
+        new.insert(0, _import_line("torch_spdl.vision"))
+    elif want_module and not has("torch_spdl") and not has("torch_spdl.vision"):
+        new.insert(0, _import_line("torch_spdl"))  # `import torch_spdl.vision` binds it too
     if new:
         if at == 1 and is_docstring(body[0]):
             new[0] = new[0].with_changes(leading_lines=[cst.EmptyLine(indent=False)])

@@ -8,9 +8,10 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ._dataset import DatasetPlan, apply_plan, plan_datasets
+from ._folders import FOLDER_STAGES, FolderCall, folder_call
 from ._imports import ensure_imports
 from ._loader import argument_notes, split_dataloader_import
-from ._names import ImportMap
+from ._names import ImportMap, walk
 from ._report import Decision
 from ._tables import DATALOADER_NAMES, LIBRARY_LOADERS
 
@@ -23,15 +24,19 @@ class _Migrator(cst.CSTTransformer):
         imports: ImportMap,
         line_of: Callable[[cst.CSTNode], int],
         plans: dict[cst.ClassDef, DatasetPlan],
+        folders: dict[cst.Call, FolderCall],
         decisions: list[Decision],
     ) -> None:
         super().__init__()
         self.imports = imports
         self.line_of = line_of
         self.plans = plans
+        self.folders = folders
+        self.staged = bool(plans) or any(f.reason is None for f in folders.values())
         self.decisions = decisions
         self.names: list[tuple[str, str | None]] = []  # to import from torch_spdl
         self.want_module = False  # `import torch_spdl` needed
+        self.want_vision = False  # `import torch_spdl.vision` needed
 
     def _note(self, node: cst.CSTNode, kind: str, message: str) -> None:
         self.decisions.append(Decision(self.line_of(node), kind, message))  # type: ignore[arg-type]
@@ -82,11 +87,14 @@ class _Migrator(cst.CSTTransformer):
         return updated_node
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        folder = self.folders.get(original_node)
+        if folder is not None:
+            return self._folder(original_node, updated_node, folder)
         name = self.imports.resolve(original_node.func)
         if name in DATALOADER_NAMES:
             for note in argument_notes(original_node):
                 self._note(original_node, "argument", f"DataLoader(...): {note}")
-            if self.plans:
+            if self.staged:
                 self._note(
                     original_node,
                     "note",
@@ -104,6 +112,33 @@ class _Migrator(cst.CSTTransformer):
                 f"it: {LIBRARY_LOADERS[name]}",
             )
         return updated_node
+
+    def _folder(self, original: cst.Call, updated: cst.Call, folder: FolderCall) -> cst.Call:
+        code = cst.Module([]).code_for_node(original.func)
+        if folder.reason is not None:
+            self.decisions.append(
+                Decision(
+                    self.line_of(original),
+                    "kept",
+                    f"{code}(...): left as torchvision's {folder.name}: {folder.reason}",
+                    name=folder.name,
+                )
+            )
+            return updated
+        self.want_vision = True
+        self.decisions.append(
+            Decision(
+                self.line_of(original),
+                "split",
+                f"{code}(...) -> torch_spdl.vision.{folder.name}(...): torchvision's class "
+                "with 2 stages: load (io, reads the file) -> process (cpu, decodes it as "
+                "torchvision's PIL loader does, then the transforms); same samples",
+                name=folder.name,
+                stages=list(FOLDER_STAGES),
+            )
+        )
+        func = cst.parse_expression(f"torch_spdl.vision.{folder.name}")
+        return updated.with_changes(func=func)
 
     # -- datasets -------------------------------------------------------------------------
     def leave_ClassDef(
@@ -129,8 +164,13 @@ def migrate_module(module: cst.Module) -> tuple[cst.Module, list[Decision]]:
     imports = ImportMap(tree)
     decisions: list[Decision] = []
     plans = plan_datasets(tree, imports, line_of, decisions)
-    migrator = _Migrator(imports, line_of, plans, decisions)
+    folders = {
+        node: found
+        for node in walk(tree, into_scopes=True)
+        if isinstance(node, cst.Call) and (found := folder_call(node, imports)) is not None
+    }
+    migrator = _Migrator(imports, line_of, plans, folders, decisions)
     new = tree.visit(migrator)
-    new = ensure_imports(new, migrator.names, migrator.want_module)
+    new = ensure_imports(new, migrator.names, migrator.want_module, migrator.want_vision)
     decisions.sort(key=lambda d: d.line)
     return new, decisions
