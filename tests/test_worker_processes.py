@@ -35,7 +35,7 @@ from _worker_helpers import (
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset
 
-from torch_spdl import DataLoader, PipelineBuilder
+from torch_spdl import DataLoader, PipelineBuilder, StagedDataset
 from torch_spdl.data import WorkerFailure
 from torch_spdl.data._epoch.thread_or_process import Measurement, decide
 
@@ -611,3 +611,66 @@ def test_a_large_batchs_arena_gives_its_pages_back_as_torch_frees_its_batch() ->
         assert _arena_resident_bytes() < 4 * 3 * 512 * 512 * 4  # less than one batch
     finally:
         loader.shutdown()
+
+
+# -- the worker's allocator ---------------------------------------------------------------------
+_LOADS_AT_ONCE = 8
+_together = threading.Barrier(_LOADS_AT_ONCE)  # one per process: each worker has its own copy
+
+
+def _allocator_heaps() -> int:
+    """glibc's count of this process's malloc arenas (``malloc_info``'s ``<heap>`` entries)."""
+    import ctypes
+    import tempfile
+
+    libc = ctypes.CDLL(None)
+    libc.fopen.restype = ctypes.c_void_p
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    with tempfile.NamedTemporaryFile("r", suffix=".xml") as out:
+        stream = libc.fopen(out.name.encode(), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        return out.read().count("<heap nr=")
+
+
+class _ThreadedLoads(StagedDataset):
+    """A batch's loads all alive at once on their own threads, each allocating file-sized
+    blocks; ``process`` reports how many arenas the worker's allocator then has."""
+
+    def __len__(self) -> int:
+        return 2 * _LOADS_AT_ONCE
+
+    def load(self, index: int) -> int:
+        _together.wait(WAIT)
+        return len(bytearray(300_000 + index))
+
+    def process(self, raw: int) -> dict[str, Any]:
+        return {"heaps": _allocator_heaps(), "pid": os.getpid()}
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "confstr") or "glibc" not in os.confstr("CS_GNU_LIBC_VERSION"),
+    reason="glibc's allocator",
+)
+@pytest.mark.parametrize("tuning", ["default", "off"])
+def test_a_workers_load_threads_share_two_allocator_arenas(
+    tuning: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each thread would take an arena of its own and keep its high-water mark resident
+    (peak PSS above torch's on the latency store); the workers cap them at two.
+    ``TORCH_SPDL_MALLOC_TUNING=0`` leaves glibc's default, one arena a thread."""
+    if tuning == "off":
+        monkeypatch.setenv("TORCH_SPDL_MALLOC_TUNING", "0")
+    loader = DataLoader(
+        _ThreadedLoads(),
+        batch_size=_LOADS_AT_ONCE,
+        num_workers=1,
+        worker_type="process",
+        io_concurrency=_LOADS_AT_ONCE,
+    )
+    heaps = [h for b in loader for h in b["heaps"].tolist()]
+    if tuning == "off":
+        assert max(heaps) > _LOADS_AT_ONCE // 2, heaps  # what the cap prevents
+    else:
+        assert max(heaps) <= 2, heaps

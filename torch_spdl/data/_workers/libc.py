@@ -1,4 +1,4 @@
-"""Two requests to the C allocator, made only where the loader owns the process.
+"""Requests to the C allocator, made only where the loader owns the process.
 
 Both are glibc's (``mallopt``, ``malloc_trim``); with another C library they do nothing.
 Neither is ever made process-wide in the training process as a setting: the training step
@@ -13,7 +13,16 @@ each of them a fresh mapping (whole training runs 1.3-2.7x slower; docs/dataload
   code), give a block of 1 MiB or more back to the system as soon as it is freed. glibc
   serves such blocks with their own mappings at first but raises that threshold each time
   one is freed (up to 32 MiB), after which batch-sized blocks come from heaps that keep
-  freed batches resident. ``TORCH_SPDL_MALLOC_TUNING=0`` leaves the workers' allocator alone.
+  freed batches resident.
+- :func:`share_arenas`: in a worker process, let its threads share two allocator arenas
+  instead of one each (glibc's default allows 8 per core). A staged dataset's load
+  threads (a batch's worth, up to 64) each took an arena of their own, and each arena
+  kept the high-water mark of the file bytes its thread read: superres split by migrate
+  and ImageFolder staged, on the latency store, had peak PSS 3-7% above torch's; with one
+  shared arena, at torch's (``benchmarks/real_scripts.py``, 2026-12-02). The threads wait
+  on storage, not on the allocator's lock.
+
+``TORCH_SPDL_MALLOC_TUNING=0`` leaves the workers' allocator alone.
 """
 
 from __future__ import annotations
@@ -22,9 +31,11 @@ import ctypes
 import os
 from typing import Any
 
-__all__ = ["return_large_blocks", "trim"]
+__all__ = ["return_large_blocks", "share_arenas", "trim"]
 
-_M_MMAP_THRESHOLD = -3  # mallopt's parameter number (glibc's malloc.h)
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers (glibc's malloc.h)
+_M_ARENA_MAX = -8
+_WORKER_ARENAS = 2  # the main thread's, and one for every other thread
 
 
 def _libc_function(name: str) -> Any:
@@ -48,3 +59,10 @@ def return_large_blocks() -> None:
     fn = _libc_function("mallopt")
     if fn is not None:
         fn(_M_MMAP_THRESHOLD, 1 << 20)
+
+
+def share_arenas() -> None:
+    """Give the threads started from now on at most ``_WORKER_ARENAS`` arenas in all."""
+    fn = _libc_function("mallopt")
+    if fn is not None:
+        fn(_M_ARENA_MAX, _WORKER_ARENAS)

@@ -29,7 +29,7 @@ from .._loading.fetch import Fetched, IterableFetcher, fetch_batch
 from .._loading.staged_batch import StagedBatch
 from .._loading.worker_info import install_torch_worker_info, set_process_worker_info
 from .arena_leases import NO_ARENA
-from .libc import return_large_blocks
+from .libc import return_large_blocks, share_arenas
 from .shared_batch import Arena, BatchSpace, dump_batch
 from .worker_priority import Priority
 
@@ -233,6 +233,7 @@ def _become_worker(
     # child, and no collection writes to (and so copies) the pages they share with it.
     gc.freeze()
     return_large_blocks()
+    share_arenas()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
     dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable, nice, io = (
         config
