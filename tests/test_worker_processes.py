@@ -658,8 +658,11 @@ def test_a_workers_load_threads_share_two_allocator_arenas(
     tuning: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each thread would take an arena of its own and keep its high-water mark resident
-    (peak PSS above torch's on the latency store); the workers cap them at two.
-    ``TORCH_SPDL_MALLOC_TUNING=0`` leaves glibc's default, one arena a thread."""
+    (peak PSS above torch's on the latency store); the workers cap the arenas they make at
+    two. ``TORCH_SPDL_MALLOC_TUNING=0`` leaves glibc's default, one arena a thread.
+
+    Spawned workers: a forked one also inherits every arena its parent made (this suite's
+    process has glibc's maximum by now) and its threads reuse those first."""
     if tuning == "off":
         monkeypatch.setenv("TORCH_SPDL_MALLOC_TUNING", "0")
     loader = DataLoader(
@@ -668,6 +671,7 @@ def test_a_workers_load_threads_share_two_allocator_arenas(
         num_workers=1,
         worker_type="process",
         io_concurrency=_LOADS_AT_ONCE,
+        multiprocessing_context="spawn",
     )
     heaps = [h for b in loader for h in b["heaps"].tolist()]
     if tuning == "off":

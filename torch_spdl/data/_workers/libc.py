@@ -20,7 +20,9 @@ each of them a fresh mapping (whole training runs 1.3-2.7x slower; docs/dataload
   kept the high-water mark of the file bytes its thread read: superres split by migrate
   and ImageFolder staged, on the latency store, had peak PSS 3-7% above torch's; with one
   shared arena, at torch's (``benchmarks/real_scripts.py``, 2026-12-02). The threads wait
-  on storage, not on the allocator's lock.
+  on storage, not on the allocator's lock. The cap bounds the arenas the worker makes: a
+  forked worker also inherits those its parent made before the fork, and glibc hands them
+  to new threads first (no call gives them back).
 
 ``TORCH_SPDL_MALLOC_TUNING=0`` leaves the workers' allocator alone.
 """
