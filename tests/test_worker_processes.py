@@ -678,3 +678,51 @@ def test_a_workers_load_threads_share_two_allocator_arenas(
         assert max(heaps) > _LOADS_AT_ONCE // 2, heaps  # what the cap prevents
     else:
         assert max(heaps) <= 2, heaps
+
+
+_FRAGMENTED_BYTES = 96 << 20
+_pinned: list[bytearray] = []  # blocks that outlive a batch, between the freed ones
+
+
+class _FragmentingLoads(StagedDataset):
+    """Batch 1's loads hold up to 96 MiB in blocks under glibc's mmap threshold, each
+    followed by a block kept for good, and free the large ones; batches 0 and 2 load
+    nothing. ``process`` reports the worker's resident bytes."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def load(self, index: int) -> int:
+        if 4 <= index < 8:
+            blocks = []
+            for _ in range(_FRAGMENTED_BYTES // 4 // 100_000):
+                blocks.append(bytes(100_000))
+                _pinned.append(bytearray(1000))  # over pymalloc's 512 bytes: malloc's
+            del blocks
+        return index
+
+    def process(self, index: int) -> int:
+        return int(psutil.Process().memory_info().rss)
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "confstr") or "glibc" not in os.confstr("CS_GNU_LIBC_VERSION"),
+    reason="glibc's allocator",
+)
+@pytest.mark.parametrize("tuning", ["default", "off"])
+def test_a_staged_batchs_freed_loads_are_given_back(
+    tuning: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes a staged batch's loads freed stay resident between the blocks that
+    outlive them until the worker trims; it does after the batch.
+    ``TORCH_SPDL_MALLOC_TUNING=0``: it does not."""
+    if tuning == "off":
+        monkeypatch.setenv("TORCH_SPDL_MALLOC_TUNING", "0")
+    loader = DataLoader(_FragmentingLoads(), batch_size=4, num_workers=1, worker_type="process")
+    before, during, after = (int(b.max()) for b in loader)
+    grew = during - before
+    assert grew > 16 << 20, (before, during, after)  # the loads' bytes, freed, resident
+    if tuning == "off":
+        assert after - before > grew // 2, (before, during, after)
+    else:
+        assert after - before < grew // 2, (before, during, after)

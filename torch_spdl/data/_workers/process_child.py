@@ -29,7 +29,7 @@ from .._loading.fetch import Fetched, IterableFetcher, fetch_batch
 from .._loading.staged_batch import StagedBatch
 from .._loading.worker_info import install_torch_worker_info, set_process_worker_info
 from .arena_leases import NO_ARENA
-from .libc import return_large_blocks, share_arenas
+from .libc import Trimmer, return_large_blocks, share_arenas
 from .shared_batch import Arena, BatchSpace, dump_batch
 from .worker_priority import Priority
 
@@ -166,6 +166,7 @@ def worker_main(
     dataset, collate_fn, auto_collation, iterable, priority, staged = _become_worker(
         wid, config, results, others
     )
+    trim = Trimmer()  # the pages a staged batch's load threads freed (libc.py)
     steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
     fetcher: IterableFetcher | None = None
     parent = os.getppid()
@@ -207,14 +208,18 @@ def worker_main(
             if first is not None and first not in steps_cache and stage_fns is not None:
                 steps_cache[first] = stage_fns(dataset, first)
             steps = steps_cache.get(first) if first is not None else None
+            threaded = False  # the loads ran on this worker's threads
             if first is None and staged is not None:
-                values, steps = staged.load(values, indices), staged.cpu_steps
+                values, steps, threaded = staged.load(values, indices), staged.cpu_steps, True
             # Called from this frame, not a helper's: a frame less under every sample
             # (code that walks the stack pays for each: ProcessWorkers.start).
             space = _space(arena, collate_fn, auto_collation)
             collate = PlacingCollate(space.empty) if space is not None else collate_fn
             fetched = fetch_batch(dataset, values, indices, steps, collate, auto_collation)
             send(results, _pack(fetched, task.task_id, task.slot, arena, space, indices))
+            if threaded:
+                del values, fetched  # what the loads read, freed before the trim
+                trim()
         priority.batch_ended()
     os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
 
