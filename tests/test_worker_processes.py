@@ -718,7 +718,14 @@ def test_a_staged_batchs_freed_loads_are_given_back(
     ``TORCH_SPDL_MALLOC_TUNING=0``: it does not."""
     if tuning == "off":
         monkeypatch.setenv("TORCH_SPDL_MALLOC_TUNING", "0")
-    loader = DataLoader(_FragmentingLoads(), batch_size=4, num_workers=1, worker_type="process")
+    loader = DataLoader(  # spawned: a forked worker's first trim gives back pages the
+        # suite's process freed before the fork, which would count as batch 0's
+        _FragmentingLoads(),
+        batch_size=4,
+        num_workers=1,
+        worker_type="process",
+        multiprocessing_context="spawn",
+    )
     before, during, after = (int(b.max()) for b in loader)
     grew = during - before
     assert grew > 16 << 20, (before, during, after)  # the loads' bytes, freed, resident
