@@ -614,6 +614,10 @@ def test_a_large_batchs_arena_gives_its_pages_back_as_torch_frees_its_batch() ->
 
 
 # -- the worker's allocator ---------------------------------------------------------------------
+_glibc = pytest.mark.skipif(
+    not hasattr(os, "confstr") or "glibc" not in os.confstr("CS_GNU_LIBC_VERSION"),
+    reason="glibc's allocator",
+)
 _LOADS_AT_ONCE = 8
 _together = threading.Barrier(_LOADS_AT_ONCE)  # one per process: each worker has its own copy
 
@@ -649,10 +653,7 @@ class _ThreadedLoads(StagedDataset):
         return {"heaps": _allocator_heaps(), "pid": os.getpid()}
 
 
-@pytest.mark.skipif(
-    not hasattr(os, "confstr") or "glibc" not in os.confstr("CS_GNU_LIBC_VERSION"),
-    reason="glibc's allocator",
-)
+@_glibc
 @pytest.mark.parametrize("tuning", ["default", "off"])
 def test_a_workers_load_threads_share_two_allocator_arenas(
     tuning: str, monkeypatch: pytest.MonkeyPatch
@@ -705,10 +706,7 @@ class _FragmentingLoads(StagedDataset):
         return int(psutil.Process().memory_info().rss)
 
 
-@pytest.mark.skipif(
-    not hasattr(os, "confstr") or "glibc" not in os.confstr("CS_GNU_LIBC_VERSION"),
-    reason="glibc's allocator",
-)
+@_glibc
 @pytest.mark.parametrize("tuning", ["default", "off"])
 def test_a_staged_batchs_freed_loads_are_given_back(
     tuning: str, monkeypatch: pytest.MonkeyPatch

@@ -6,9 +6,10 @@ allocates activations and gradients over 1 MiB every step, and a fixed mmap thre
 each of them a fresh mapping (whole training runs 1.3-2.7x slower; docs/dataloader.md,
 "Memory").
 
-- :func:`trim`: give back the pages that free memory holds, before worker processes are
-  forked after ``worker_type="auto"`` measured on threads: whatever the loader's process
-  holds then, every worker inherits. An action, not a setting.
+- :func:`trim`: give back the pages that free memory holds. An action, not a setting,
+  made at two points. Before worker processes are forked after ``worker_type="auto"``
+  measured on threads: whatever the loader's process holds then, every worker inherits.
+  And in a worker process, after each staged dataset's batch (below).
 - :func:`return_large_blocks`: in a worker process (the loader's own, running no training
   code), give a block of 1 MiB or more back to the system as soon as it is freed. glibc
   serves such blocks with their own mappings at first but raises that threshold each time
@@ -24,16 +25,15 @@ each of them a fresh mapping (whole training runs 1.3-2.7x slower; docs/dataload
   forked worker also inherits those its parent made before the fork, and glibc hands them
   to new threads first (no call gives them back).
 
-- :class:`Trimmer`: in a worker process, after a staged dataset's batch, give back the
-  pages its load threads freed. A forked worker inherits every arena its parent made (the
-  arena cap cannot lower their number) and its threads reuse them; the bytes a batch's
-  loads held end up free between chunks that stay allocated, resident until a trim. On the
-  latency store the migrated superres kept peak PSS 4.9% above torch's with the cap alone,
-  +0.5% with a trim after each batch (``benchmarks/real_scripts.py --only superres``,
-  2026-12-03). A trim that finds nothing to give back costs a few microseconds, one that
-  does about 0.2 ms (16 threads' worth of freed blocks), against batches of a staged
-  dataset that take milliseconds; it runs after every such batch, not on a timer, so what
-  a batch leaves resident does not depend on the machine's speed.
+A worker trims after a staged batch because a forked worker inherits every arena its
+parent made (the arena cap cannot lower their number) and its load threads reuse them: the
+bytes a batch's loads held end up free between chunks that stay allocated, resident until
+a trim. On the latency store the migrated superres kept peak PSS 4.9% above torch's with
+the cap alone, +0.5% with a trim after each batch (``benchmarks/real_scripts.py --only
+superres``, 2026-12-03). A trim that finds nothing to give back costs a few microseconds,
+one that does about 0.2 ms (16 threads' worth of freed blocks), against staged batches of
+milliseconds; it runs after every such batch, not on a timer, so what a batch leaves
+resident does not depend on the machine's speed.
 
 ``TORCH_SPDL_MALLOC_TUNING=0`` leaves the workers' allocator alone.
 """
@@ -44,7 +44,7 @@ import ctypes
 import os
 from typing import Any
 
-__all__ = ["Trimmer", "return_large_blocks", "share_arenas", "trim"]
+__all__ = ["return_large_blocks", "share_arenas", "trim"]
 
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter numbers (glibc's malloc.h)
 _M_ARENA_MAX = -8
@@ -79,14 +79,3 @@ def share_arenas() -> None:
     fn = _libc_function("mallopt")
     if fn is not None:
         fn(_M_ARENA_MAX, _WORKER_ARENAS)
-
-
-class Trimmer:
-    """``trimmer()`` gives back the pages free memory holds, in every arena."""
-
-    def __init__(self) -> None:
-        self._fn = _libc_function("malloc_trim")
-
-    def __call__(self) -> None:
-        if self._fn is not None:
-            self._fn(0)

@@ -29,7 +29,7 @@ from .._loading.fetch import Fetched, IterableFetcher, fetch_batch
 from .._loading.staged_batch import StagedBatch
 from .._loading.worker_info import install_torch_worker_info, set_process_worker_info
 from .arena_leases import NO_ARENA
-from .libc import Trimmer, return_large_blocks, share_arenas
+from .libc import return_large_blocks, share_arenas, trim
 from .shared_batch import Arena, BatchSpace, dump_batch
 from .worker_priority import Priority
 
@@ -166,7 +166,6 @@ def worker_main(
     dataset, collate_fn, auto_collation, iterable, priority, staged = _become_worker(
         wid, config, results, others
     )
-    trim = Trimmer()  # the pages a staged batch's load threads freed (libc.py)
     steps_cache: dict[int, Sequence[Callable[[Any], Any]]] = {}
     fetcher: IterableFetcher | None = None
     parent = os.getppid()
@@ -219,7 +218,7 @@ def worker_main(
             send(results, _pack(fetched, task.task_id, task.slot, arena, space, indices))
             if threaded:
                 del values, fetched  # what the loads read, freed before the trim
-                trim()
+                trim()  # the pages the load threads freed (libc.py)
         priority.batch_ended()
     os._exit(0)  # no atexit handlers or finalizers of the parent's objects in the child
 
