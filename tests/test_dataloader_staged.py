@@ -20,10 +20,8 @@ from _dl_helpers import (
     ids,
 )
 from _sync import WAIT
+from torch.utils.data import BatchSampler, Dataset, SequentialSampler
 from torch.utils.data import DataLoader as TorchDataLoader
-from torch.utils.data import (
-    Dataset,
-)
 
 from torch_spdl import DataLoader, Stage, StagedDataset
 
@@ -211,8 +209,16 @@ class Gathered(StagedDataset):
         return i
 
 
-def test_the_reads_of_a_batch_overlap_in_its_worker() -> None:
-    loader = DataLoader(Gathered(), batch_size=Gathered.batch, num_workers=2)
+@pytest.mark.parametrize("batching", ["batch_size", "batch_sampler"])
+def test_the_reads_of_a_batch_overlap_in_its_worker(batching: str) -> None:
+    """Also when the batches come from a ``batch_sampler`` (torchvision's detection
+    reference passes one): the loader's ``batch_size`` is then None, and the batch's reads
+    once ran one after another."""
+    if batching == "batch_size":
+        loader = DataLoader(Gathered(), batch_size=Gathered.batch, num_workers=2)
+    else:
+        batches = BatchSampler(SequentialSampler(range(24)), Gathered.batch, drop_last=False)
+        loader = DataLoader(Gathered(), batch_sampler=batches, num_workers=2)
     assert sorted(i for b in loader for i in b.tolist()) == list(range(24))
 
 

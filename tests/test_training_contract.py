@@ -234,6 +234,49 @@ def test_a_waiting_worker_keeps_its_niceness() -> None:
     assert _niceness_by_batch(Niceness(wait=0.02)) == [{own}] * 8
 
 
+class StagedNiceness(torch_spdl.StagedDataset):
+    """A staged dataset whose ``load`` (run on the worker's load threads) waits ``wait``
+    seconds, as a read does, then computes ``compute`` seconds of the thread's CPU time,
+    as a decode does; each sample is the niceness of the load thread and of the thread
+    that runs ``process``."""
+
+    def __init__(self, compute: float, wait: float) -> None:
+        self.compute, self.wait = compute, wait
+
+    def __len__(self) -> int:
+        return 32
+
+    def load(self, index: int) -> int:
+        time.sleep(self.wait)  # the workload (a read), not a synchronisation
+        until = time.thread_time() + self.compute
+        while time.thread_time() < until:
+            pass
+        return os.nice(0)
+
+    def process(self, loaded: int) -> tuple[int, int]:
+        return loaded, os.nice(0)
+
+
+def _staged_niceness_by_batch(dataset: Dataset) -> list[set[int]]:
+    loader = torch_spdl.DataLoader(dataset, batch_size=4, num_workers=1, io_concurrency=4)
+    return [set(torch.stack(batch).flatten().tolist()) for batch in loader]
+
+
+def test_a_worker_whose_load_threads_compute_yields_the_cores() -> None:
+    """A staged dataset's decode in ``load`` runs on the worker's load threads while its
+    main thread waits for them: the worker computes all the same, and every one of its
+    threads (the load threads too) takes the raised niceness."""
+    own = os.nice(0)
+    seen = _staged_niceness_by_batch(StagedNiceness(compute=0.005, wait=0.01))
+    assert seen == [{own}] + [{min(own + 10, 19)}] * 7
+    assert os.nice(0) == own
+
+
+def test_a_worker_whose_load_threads_wait_keeps_its_niceness() -> None:
+    own = os.nice(0)
+    assert _staged_niceness_by_batch(StagedNiceness(compute=0.0, wait=0.02)) == [{own}] * 8
+
+
 class StackDepth(Dataset):
     """Each sample is how many frames are under ``__getitem__`` in the process loading it."""
 

@@ -146,8 +146,16 @@ def io_threads(plan: EpochPlan) -> int:
     """How many samples of a batch a worker (a process or an actor) runs the ``io`` stages
     of at once: ``io_concurrency`` when it is a number, else every sample of the batch, up
     to 64 (the reads of one batch overlap; the next batch's wait for the batch's ``cpu``
-    stages)."""
+    stages).
+
+    With a ``batch_sampler`` the loader has no ``batch_size`` and a batch's length is the
+    sampler's to choose, so the bound is 64: the worker's pool starts a thread only when a
+    read is submitted with every started one busy, so a batch of 8 runs on 8 threads
+    (a ``batch_size`` of None read as 1 once ran such a batch's reads one after another).
+    Without automatic batching a "batch" is one sample: one thread."""
     io = plan.io_concurrency
     if isinstance(io, int):
         return io
-    return max(1, min(plan.batch_size or 1, 64))
+    if not plan.auto_collation:
+        return 1
+    return max(1, min(plan.batch_size or 64, 64))

@@ -19,31 +19,81 @@ half of the batch's time; a worker whose batches are waits keeps the loader's ni
 The decision is one-way (lowering niceness again needs a privilege) and each worker's
 own; a worker of a later epoch decides afresh.
 
-"Ran or waited for a core" is the thread's ``/proc/thread-self/schedstat`` (time on a
-CPU plus time runnable in a queue): time lost to other runnable threads counts as wanting
-the CPU, so a computing worker among many on few cores still raises its niceness. Where
-that file is missing, the thread's CPU time alone is used. Raising niceness needs no
-privilege; where the system refuses it, the worker runs as it is.
+"Ran or waited for a core" is read from each of the worker's threads'
+``/proc/self/task/<tid>/schedstat`` (time on a CPU, time runnable in a queue): the
+batch's CPU time over all threads, plus the longest that any one thread waited, runnable,
+for a core. All threads, because a staged dataset's ``io`` stages run on the worker's load
+threads (``_loading/staged_batch.py``) and a decode there computes as much as one in
+``__getitem__`` does while the main thread only waits for it. The longest wait and not
+their sum, because the waits of several threads overlap: four load threads woken from
+their reads on a busy machine queue for the same few milliseconds, which summed would
+count a waiting worker as a computing one. Time lost to other runnable threads counts as
+wanting the CPU, so a computing worker among many on few cores still raises its niceness.
+Where those files are missing, the process's CPU time is used. On Linux a niceness is each
+thread's own, so the raise is applied to every thread the worker has; threads it starts
+later inherit it from the thread that starts them. Raising niceness needs no privilege;
+where the system refuses it, the worker runs as it is.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 __all__ = ["Priority"]
 
-_SCHEDSTAT = "/proc/thread-self/schedstat"
+_TASKS = "/proc/self/task"
+
+Clocks = dict[int, tuple[int, int]]  # thread id: (ns on a CPU, ns runnable in a queue)
 
 
-def _wanted_ns() -> int:
-    """Nanoseconds the calling thread ran on a CPU or waited, runnable, for one."""
+def _clocks() -> Clocks | None:
+    """Each thread's clocks, or None where ``/proc`` does not have them."""
+    clocks: Clocks = {}
     try:
-        with open(_SCHEDSTAT, "rb") as f:
-            ran, queued, _ = f.read().split()
-        return int(ran) + int(queued)
-    except (OSError, ValueError):
-        return time.thread_time_ns()
+        tids = os.listdir(_TASKS)
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"{_TASKS}/{tid}/schedstat", "rb") as f:
+                ran, queued, _ = f.read().split()
+        except FileNotFoundError:  # a thread that ended since the listing
+            continue
+        except (OSError, ValueError):
+            return None
+        clocks[int(tid)] = int(ran), int(queued)
+    return clocks
+
+
+def _wanted_ns(before: Clocks, after: Clocks) -> int:
+    """CPU time of every thread between two readings, plus the longest any one of them
+    waited, runnable, for a core (a thread started between them counts from zero)."""
+    ran = queued = 0
+    for tid, (r, q) in after.items():
+        r0, q0 = before.get(tid, (0, 0))
+        ran += r - r0
+        queued = max(queued, q - q0)
+    return ran + queued
+
+
+def _raise_niceness(by: int) -> None:
+    """Add ``by`` to the niceness of every thread of this process (each thread's own)."""
+    try:
+        os.nice(by)  # this thread's
+        tids = os.listdir(_TASKS)
+    except OSError:
+        return
+    own = threading.get_native_id()
+    for tid in map(int, tids):
+        if tid == own:
+            continue
+        try:
+            nice = min(os.getpriority(os.PRIO_PROCESS, tid) + by, 19)
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError:  # ended since the listing, or refused
+            continue
 
 
 class Priority:
@@ -56,22 +106,25 @@ class Priority:
     def __init__(self, nice: int) -> None:
         self._nice = nice
         self._raised = nice == 0
-        self._since = (0, 0)
+        self._since: tuple[int, Clocks | None, int] = (0, None, 0)  # wall, clocks, CPU
 
     def batch_begins(self) -> None:
         """Note where the worker's clocks stand as it takes a batch."""
         if not self._raised:
-            self._since = (time.perf_counter_ns(), _wanted_ns())
+            self._since = (time.perf_counter_ns(), _clocks(), time.process_time_ns())
 
     def batch_ended(self) -> None:
         """Raise the niceness if the batch since :meth:`batch_begins` wanted a CPU for at
         least half its time."""
         if self._raised:
             return
-        wall = time.perf_counter_ns() - self._since[0]
-        if 2 * (_wanted_ns() - self._since[1]) >= wall:
+        wall0, clocks0, cpu0 = self._since
+        wall = time.perf_counter_ns() - wall0
+        clocks = _clocks() if clocks0 is not None else None
+        if clocks0 is not None and clocks is not None:
+            wanted = _wanted_ns(clocks0, clocks)
+        else:
+            wanted = time.process_time_ns() - cpu0
+        if 2 * wanted >= wall:
             self._raised = True
-            try:
-                os.nice(self._nice)
-            except OSError:
-                pass
+            _raise_niceness(self._nice)
