@@ -270,8 +270,22 @@ def test_recycled_batch_buffers_never_overwrite_a_batch_still_held(
 def test_a_worker_runs_loads_that_do_not_wait_inline() -> None:
     """The rule a worker applies after timing its first batches' loads: threads only where
     the loads waited (a read from a network file system), not where they computed."""
-    from torch_spdl.data._loading.staged_batch import computes
+    from torch_spdl.data._loading.staged_batch import computes, inline_wins, verdict
 
     assert computes([(0.010, 0.009), (0.012, 0.010)])  # a decode in load, a cached file
     assert not computes([(0.005, 0.0002), (0.006, 0.0003)])  # 5 ms waits on storage
     assert not computes([])
+    # two batches of 8: each on its own thread, ...
+    cached = [(0.010, 0.009)] * 16
+    assert verdict(cached, [(0.080, 8)] * 2) == "inline"
+    # ... 8 small decodes under the GIL, each waiting for the others: a trial inline
+    turns = [(0.0021, 0.0006)] * 16
+    assert verdict(turns, [(0.0045, 8)] * 2) == "try"
+    # ... 10 ms reads that overlap: threads, no trial
+    reads = [(0.0104, 0.0004)] * 16
+    assert verdict(reads, [(0.013, 8)] * 2) == "threads"
+    assert verdict([], []) == "threads"
+    # the trial: inline when it took no longer a sample than the threaded batches
+    assert inline_wins([(0.0045, 8)] * 2, (0.0040, 8))
+    assert not inline_wins([(0.030, 8)] * 2, (0.085, 8))  # 5 ms waits before 5 ms decodes
+    assert not inline_wins([], (0.001, 1))

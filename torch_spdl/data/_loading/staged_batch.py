@@ -12,12 +12,23 @@ worker's main thread in the batch's order, so a random augmentation draws what i
 under torch; an ``io`` stage draws nothing at random (the contract of ``load``, which
 ``torch-spdl migrate`` checks before it splits).
 
-A sync ``io`` stage that does not wait is run inline: the first :data:`MEASURED` batches
-run on the threads and time each sample's ``io`` stages (wall and the thread's CPU time);
-when the CPU was at least :data:`COMPUTES` of the wall time, the reads did not wait (a file
-in the page cache, a decode inside ``load``), threads cannot overlap anything, and from
-then on the worker runs them one after another on its main thread, which costs what
-``__getitem__`` costs. The order of the ``cpu`` stages, and so every result, is the same
+A sync ``io`` stage that does not wait is run inline: after the worker's first batch
+(which starts the threads and pays every first use: 30 ms against the next one's 5 in a
+detection script's worker), :data:`MEASURED` batches run on the threads and time each
+sample's ``io`` stages (wall and the thread's CPU time)
+and each batch's wall time (:func:`verdict`). When a sample's CPU was at least
+:data:`COMPUTES` of its wall time, the reads did not wait (a file in the page cache, a
+decode inside ``load``), threads cannot overlap anything, and from then on the worker runs
+them one after another on its main thread, which costs what ``__getitem__`` costs. A
+sample's wall time on threads also holds its wait for the GIL and for a core behind the
+batch's other samples: eight threads decoding small JPEGs under the GIL took 0.3 s of
+CPU a second of each sample's wall, and 1.2 s a second of the batch's (one-off,
+2026-12-04), so where the samples' CPU is at least :data:`COMPUTES` of the *batches'*
+wall time, the threads may only have taken turns, and the next batch runs inline, timed,
+as a trial: inline from then on if it took no longer a sample than the threaded batches
+(:func:`inline_wins`), on threads otherwise (a read that waits 5 ms before a 5 ms decode
+under the GIL: the trial takes about three times as long). Reads that clearly waited
+never pay for a trial. The order of the ``cpu`` stages, and so every result, is the same
 either way.
 
 A layout other than "``io`` stages first, then ``cpu`` stages" runs as ``__getitem__``
@@ -38,10 +49,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["StageFailed", "StagedBatch", "computes", "staged_steps"]
+__all__ = ["StageFailed", "StagedBatch", "computes", "inline_wins", "staged_steps", "verdict"]
 
 _WHO = "torch_spdl.DataLoader"
-MEASURED = 2  # batches timed on the threads before a worker decides
+WARMUP = 1  # a worker's first batches on the threads, not timed (they start the threads)
+MEASURED = 2  # batches timed on the threads, after those, before a worker decides
 COMPUTES = 0.7  # the io stages' CPU over their wall time from which they run inline
 
 Step = tuple[str, Callable[[Any], Any]]  # (name, fn)
@@ -90,8 +102,11 @@ class StagedBatch:
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timed: list[tuple[float, float]] = []  # (wall, CPU) of each sample's io stages
+        self._walls: list[tuple[float, int]] = []  # (wall, samples) of each measured batch
         self._batches = 0
+        self._trial = False  # the next batch runs inline, timed (module notes)
         self.inline = False  # decided after MEASURED batches: the io stages do not wait
+        self.on_threads = False  # the last batch's io stages ran on the pool's threads
 
     @classmethod
     def of(cls, dataset: Any, threads: int) -> StagedBatch | None:
@@ -102,15 +117,32 @@ class StagedBatch:
     def load(self, values: list[Any], indices: list[Any]) -> list[Any]:
         """Every sample's ``io`` stages, at once: each one's output, or a :class:`StageFailed`."""
         if self._async:
+            self.on_threads = True  # its loop's thread, and its pool's for sync stages
             future = asyncio.run_coroutine_threadsafe(self._gather(values, indices), self._loop_())
             return future.result()
-        if self.inline:
-            return [self._one(v, i) for v, i in zip(values, indices, strict=True)]
+        self.on_threads = not (self.inline or self._trial)
+        if not self.on_threads:
+            began = time.perf_counter()
+            out = [self._one(v, i) for v, i in zip(values, indices, strict=True)]
+            if self._trial:
+                self._trial = False
+                trial = (time.perf_counter() - began, len(values))
+                self.inline = inline_wins(self._walls, trial)
+                self._walls.clear()
+            return out
         self._batches += 1
+        if self._batches <= WARMUP:
+            return list(self._pool_().map(self._one, values, indices))
+        began = time.perf_counter()
         out = list(self._pool_().map(self._one_timed, values, indices))
-        if self._batches == MEASURED:
-            self.inline = computes(self._timed)
+        if self._batches <= WARMUP + MEASURED:
+            self._walls.append((time.perf_counter() - began, len(values)))
+        if self._batches == WARMUP + MEASURED:
+            decided = verdict(self._timed, self._walls)
+            self.inline, self._trial = decided == "inline", decided == "try"
             self._timed.clear()
+            if not self._trial:
+                self._walls.clear()
         return out
 
     # -- one sample -------------------------------------------------------------------------
@@ -173,6 +205,25 @@ def computes(timed: list[tuple[float, float]]) -> bool:
     CPU was at least :data:`COMPUTES` of their wall time (none timed: they wait)."""
     wall = sum(w for w, _ in timed)
     return wall > 0 and sum(c for _, c in timed) >= COMPUTES * wall
+
+
+def verdict(timed: list[tuple[float, float]], batches: list[tuple[float, int]]) -> str:
+    """What the timed threaded batches say (module notes): ``"inline"`` where each sample
+    computed (:func:`computes`), ``"try"`` where the samples' CPU is at least
+    :data:`COMPUTES` of the batches' wall time (the threads may only have taken turns),
+    else ``"threads"``. ``timed``: ``(wall, CPU)`` a sample; ``batches``: ``(wall,
+    samples)`` a batch."""
+    if computes(timed):
+        return "inline"
+    wall = sum(w for w, _ in batches)
+    return "try" if wall > 0 and sum(c for _, c in timed) >= COMPUTES * wall else "threads"
+
+
+def inline_wins(threaded: list[tuple[float, int]], trial: tuple[float, int]) -> bool:
+    """Whether a batch run inline, ``trial`` as ``(wall, samples)``, took no longer a sample
+    than the threaded ``batches`` did."""
+    wall, samples = sum(w for w, _ in threaded), sum(n for _, n in threaded)
+    return samples > 0 and trial[1] > 0 and trial[0] / trial[1] <= wall / samples
 
 
 def _failed(exc: Exception, name: str, index: Any) -> StageFailed:

@@ -9,7 +9,8 @@ each of them a fresh mapping (whole training runs 1.3-2.7x slower; docs/dataload
 - :func:`trim`: give back the pages that free memory holds. An action, not a setting,
   made at two points. Before worker processes are forked after ``worker_type="auto"``
   measured on threads: whatever the loader's process holds then, every worker inherits.
-  And in a worker process, after each staged dataset's batch (below).
+  And in a worker process, after each staged dataset's batch whose loads ran on its
+  threads (below).
 - :func:`return_large_blocks`: in a worker process (the loader's own, running no training
   code), give a block of 1 MiB or more back to the system as soon as it is freed. glibc
   serves such blocks with their own mappings at first but raises that threshold each time
@@ -33,7 +34,12 @@ the cap alone, +0.5% with a trim after each batch (``benchmarks/real_scripts.py 
 superres``, 2026-12-03). A trim that finds nothing to give back costs a few microseconds,
 one that does about 0.2 ms (16 threads' worth of freed blocks), against staged batches of
 milliseconds; it runs after every such batch, not on a timer, so what a batch leaves
-resident does not depend on the machine's speed.
+resident does not depend on the machine's speed. Not after a batch whose loads ran
+inline (``_loading/staged_batch.py``): they ran on the worker's main thread, in its own
+arena, as ``__getitem__`` does, and a trim there only gave back pages the next batch
+faulted in again: 0.4-0.7 ms a trim and a migrated detection script's loader 30%
+slower than the swap's on local files, 0.36-0.49 s an epoch against 0.28-0.31 (one-off,
+2026-12-04).
 
 ``TORCH_SPDL_MALLOC_TUNING=0`` leaves the workers' allocator alone.
 """

@@ -209,7 +209,8 @@ def worker_main(
             steps = steps_cache.get(first) if first is not None else None
             threaded = False  # the loads ran on this worker's threads
             if first is None and staged is not None:
-                values, steps, threaded = staged.load(values, indices), staged.cpu_steps, True
+                values, steps = staged.load(values, indices), staged.cpu_steps
+                threaded = staged.on_threads
             # Called from this frame, not a helper's: a frame less under every sample
             # (code that walks the stack pays for each: ProcessWorkers.start).
             space = _space(arena, collate_fn, auto_collation)
