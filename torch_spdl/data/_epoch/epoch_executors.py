@@ -150,8 +150,7 @@ def io_threads(plan: EpochPlan) -> int:
 
     With a ``batch_sampler`` the loader has no ``batch_size`` and a batch's length is the
     sampler's to choose, so the bound is 64: the worker's pool starts a thread only when a
-    read is submitted with every started one busy, so a batch of 8 runs on 8 threads
-    (a ``batch_size`` of None read as 1 once ran such a batch's reads one after another).
+    read is submitted with every started one busy, so a batch of 8 runs on 8 threads.
     Without automatic batching a "batch" is one sample: one thread."""
     io = plan.io_concurrency
     if isinstance(io, int):

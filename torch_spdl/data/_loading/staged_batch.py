@@ -221,7 +221,7 @@ def verdict(timed: list[tuple[float, float]], batches: list[tuple[float, int]]) 
 
 def inline_wins(threaded: list[tuple[float, int]], trial: tuple[float, int]) -> bool:
     """Whether a batch run inline, ``trial`` as ``(wall, samples)``, took no longer a sample
-    than the threaded ``batches`` did."""
+    than the ``threaded`` batches, each ``(wall, samples)``, did."""
     wall, samples = sum(w for w, _ in threaded), sum(n for _, n in threaded)
     return samples > 0 and trial[1] > 0 and trial[0] / trial[1] <= wall / samples
 
