@@ -52,6 +52,54 @@ def test_the_first_shard_is_read_alone() -> None:
     assert first_other >= 2 and set(paths[:first_other]) == {"/train-000.tar"}
 
 
+LONG = {  # shards of more samples than the pipeline's queues hold (4 + 16)
+    f"long-{s:03d}.tar": write_shard(
+        {"__key__": f"l{s}/{i:03d}", "cls": str(s * 100 + i)} for i in range(64)
+    )
+    for s in range(8)
+}
+
+
+def test_a_stream_reads_one_shard_ahead_of_a_slower_consumer() -> None:
+    """Reads follow the consumer: while it is busy with its first sample, the stream has
+    read the next shard and asks for no other (a stream that opened its reads up to
+    ``read_concurrency`` had asked for the third as the second went out)."""
+    names = list(LONG)
+    with LocalHTTP(dict(LONG)) as server:
+        server.faults.latency = 0.1  # every answer waits: reads in flight overlap
+        seen: list[list[str]] = []
+
+        def first_waits(data: bytes) -> int:
+            if not seen:  # the consumer holds its first sample until shard 1 is sent
+                assert server.faults.wait_sent(names[1], len(LONG[names[1]]), timeout=30)
+                seen.append([p for p, _ in server.faults.gets(".tar")])
+            return int(data)
+
+        ds = StreamingDataset(
+            [server.url(n) for n in names],
+            shuffle=False,
+            decode={"cls": first_waits},
+            decode_concurrency=1,
+        )
+        got = [s["cls"] for s in ds]
+    assert got == [s * 100 + i for s in range(8) for i in range(64)]
+    assert seen == [[f"/{names[0]}", f"/{names[1]}"]]
+
+
+def test_a_stream_whose_store_is_slower_reads_further_ahead() -> None:
+    """Where the consumer finds its next shard still being read, more reads are kept in
+    flight: with every answer late, reads overlap (they are not one after another)."""
+    names = list(SHARDS)
+    with LocalHTTP(dict(SHARDS)) as server:
+        server.faults.latency = 0.2
+        ds = StreamingDataset([server.url(n) for n in names], shuffle=False)
+        assert len(list(ds)) == NUM_SHARDS * PER_SHARD
+        gets = [p for p, _ in server.faults.gets(".tar")]
+        overlapped = server.faults.max_in_flight
+    assert gets == [f"/{n}" for n in names]  # each once, in order
+    assert overlapped >= 2  # a request came while an earlier one was being answered
+
+
 def test_the_filesystem_is_imported_where_the_dataset_is_made() -> None:
     """Forked DataLoader workers inherit what the loader's process imported: the dataset
     imports its URLs' filesystem (and the media decoders) as it is made, so that no worker

@@ -8,10 +8,12 @@ step that follows the shuffle buffer.
 Every stage keeps its input order, so one consumer's sample sequence depends only on
 its shard list: that is what makes a seeded shuffle repeatable and a resume exact. The
 first ranged read of a shard is also its size probe: a shard smaller than ``chunk_size``
-costs one request, as a plain GET would; a larger one is then read as ranged chunks, up to
-``read_concurrency`` requests in flight across shards and chunks, so a few large shards
-are read in parallel too, and memory stays near ``(read_concurrency + 4) * chunk_size``
-however large the shards are.
+costs one request, as a plain GET would; a larger one is then read as ranged chunks. How
+many reads run ahead of the splitter is :mod:`._readahead`'s call: one while the store
+keeps up with the consumer, more (up to ``read_concurrency``, across shards and chunks)
+when the splitter finds its next chunk still being read, so memory stays near
+``(read_concurrency + 2) * chunk_size`` at most however large the shards are, and near
+two chunks where the consumer is the slower side.
 
 The samples leave this pipeline *undecoded* (their fields as ``bytes``): the shuffle
 buffer (:mod:`._progress`) holds them so, and :class:`DecodeAndTransform` runs on each
@@ -34,6 +36,7 @@ from typing import Any, Literal
 from ..pipeline import PipelineBuilder
 from ._cache import CacheFill, CacheLease, ShardCache
 from ._decode import Decoder
+from ._readahead import ReadAhead
 from ._retry import ShardReadError
 from ._store import Store, protocol_of
 from ._tar import TarFormatError, TarSplitter
@@ -110,50 +113,23 @@ class ShardEnd:
     url: str
 
 
-class _SlowStart:
-    """Admits the tasks in order, one more at a time for each that completed: the window
-    is 1 + completed (``read_concurrency`` caps it), as TCP's slow start opens its window.
-
-    All ``read_concurrency`` reads started at once share the bandwidth, so the first
-    shard, the one the first batch needs, arrives when all of them nearly have (with 16
-    shards of 3 MiB from one server, 0.3-0.4 s instead of 0.05-0.2 s on 2 cores); here it
-    comes alone, and the window is full after a few round trips.
-    """
-
-    def __init__(self) -> None:
-        self._cond: asyncio.Condition | None = None
-        self._running = 0
-        self._done = 0
-
-    async def __aenter__(self) -> None:
-        if self._cond is None:
-            self._cond = asyncio.Condition()
-        async with self._cond:
-            await self._cond.wait_for(lambda: self._running <= self._done)
-            self._running += 1
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._cond is not None
-        async with self._cond:
-            self._running -= 1
-            self._done += 1
-            self._cond.notify_all()
-
-
 class _Locate:
     """First ranged read of a task; when it came back full, the size, and the chunk plan.
-    With a cache, a shard is read from its local copy, made first if there is none."""
+    With a cache, a shard is read from its local copy, made first if there is none. Each
+    task's first read is a unit of the read-ahead gate (:mod:`._readahead`)."""
 
-    def __init__(self, store: Store, chunk_size: int, cache: ShardCache | None) -> None:
+    def __init__(
+        self, store: Store, chunk_size: int, cache: ShardCache | None, gate: ReadAhead
+    ) -> None:
         self.store = store
         self.chunk_size = chunk_size
         self.cache = cache
-        self._ramp = _SlowStart()
+        self.gate = gate
 
     async def __call__(self, task: ShardTask) -> list[Chunk]:
-        if self.cache is not None and protocol_of(task.url) != "file":
-            return await self._cached(task, self.cache)
-        async with self._ramp:
+        async with self.gate.unit(self.gate.key(task, task.start)):
+            if self.cache is not None and protocol_of(task.url) != "file":
+                return await self._cached(task, self.cache)
             return await self._remote(task)
 
     async def _remote(self, task: ShardTask) -> list[Chunk]:
@@ -170,19 +146,18 @@ class _Locate:
         return chunks
 
     async def _cached(self, task: ShardTask, cache: ShardCache) -> list[Chunk]:
-        """The task's chunks from the local copy: a valid one (the object's size and ETag
-        unchanged), or one downloaded now when the task reads the whole shard; a task of
-        part of a shard without a valid copy reads the object (``_remote``)."""
+        """The task's chunks from the local copy, the first one read: a valid copy (the
+        object's size and ETag unchanged), or one downloaded now when the task reads the
+        whole shard; a task of part of a shard without a valid copy reads the object
+        (``_remote``)."""
         total, tag = await self.store.info(task.url)
         whole = task.start == 0 and task.end is None and not task.refill
         entry = await asyncio.to_thread(cache.open, task.url, total, tag, whole)
         if entry is None:
-            async with self._ramp:
-                return await self._remote(task)
+            return await self._remote(task)
         if isinstance(entry, CacheFill):
             try:
-                async with self._ramp:  # a copy on disk needs no ramp: a download does
-                    await self._download(entry, task.url, total)
+                await self._download(entry, task.url, total)
                 lease = await asyncio.to_thread(entry.finish, total, tag)
             except BaseException:
                 entry.abort()
@@ -199,6 +174,11 @@ class _Locate:
             lease.release()
             return [Chunk(task, task.start, task.start, b"", True)]
         lease.chunks = len(chunks)
+        first = chunks[0]
+        try:
+            first.data = await asyncio.to_thread(lease.read, first.offset, first.end)
+        finally:
+            lease.chunk_read()
         return chunks
 
     async def _download(self, fill: CacheFill, url: str, total: int) -> None:
@@ -211,13 +191,21 @@ class _Locate:
 
 
 class _Read:
-    """A planned chunk's bytes (chunks read by ``_Locate`` pass through)."""
+    """A planned chunk's bytes (chunks read by ``_Locate`` pass through), each read a
+    unit of the read-ahead gate."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, gate: ReadAhead) -> None:
         self.store = store
+        self.gate = gate
 
     async def __call__(self, chunk: Chunk) -> Chunk:
-        if chunk.data is None and chunk.lease is not None:
+        if chunk.data is not None:
+            return chunk
+        async with self.gate.unit(self.gate.key(chunk.task, chunk.offset)):
+            return await self._read(chunk)
+
+    async def _read(self, chunk: Chunk) -> Chunk:
+        if chunk.lease is not None:
             lease = chunk.lease
             try:
                 chunk.data = await asyncio.to_thread(lease.read, chunk.offset, chunk.end)
@@ -237,15 +225,22 @@ class _Read:
 
 
 class _Split:
-    """Chunks of each task, in order, into samples (one task at a time: concurrency 1)."""
+    """Chunks of each task, in order, into samples (one task at a time: concurrency 1);
+    it tells the read-ahead gate what it took and when it wants the next chunk."""
 
-    def __init__(self) -> None:
+    def __init__(self, gate: ReadAhead) -> None:
+        self._gate = gate
         self._task: ShardTask | None = None
         self._splitter = TarSplitter()
         self._index = 0
         self._broken = False
 
     def __call__(self, chunk: Chunk) -> Iterator[Sample | Failed | ShardEnd]:
+        self._gate.taken(chunk.task, chunk.offset)
+        yield from self._split(chunk)
+        self._gate.idle()
+
+    def _split(self, chunk: Chunk) -> Iterator[Sample | Failed | ShardEnd]:
         task = chunk.task
         if task is not self._task:
             self._task, self._splitter = task, TarSplitter(task.start)
@@ -307,6 +302,7 @@ class DecodeAndTransform:
 
 
 Concurrency = int | Literal["auto"]
+_AUTO_MOST = 64  # the widest the read-ahead opens when the read stages' concurrency is tuned
 
 
 def stream_builder(
@@ -319,11 +315,14 @@ def stream_builder(
 ) -> PipelineBuilder[Any, Any]:
     """The pipeline of one consumer, up to raw (undecoded) samples in shard order (no
     sink); ``cache``: the local copies to read from and fill."""
+    tasks = list(tasks)
+    most = read_concurrency if isinstance(read_concurrency, int) else _AUTO_MOST
+    gate = ReadAhead(tasks, most)
     return (
         PipelineBuilder()
-        .add_source(list(tasks))
+        .add_source(tasks)
         .pipe(
-            _Locate(store, chunk_size, cache),
+            _Locate(store, chunk_size, cache, gate),
             concurrency=read_concurrency,
             name="locate",
             output_order="input",
@@ -332,12 +331,12 @@ def stream_builder(
         )
         .disaggregate()
         .pipe(
-            _Read(store),
+            _Read(store, gate),
             concurrency=read_concurrency,
             name="read",
             output_order="input",
             queue_size=4,
             max_failures=0,
         )
-        .pipe(_Split(), name="split", queue_size=4, max_failures=0)
+        .pipe(_Split(gate), name="split", queue_size=4, max_failures=0)
     )

@@ -60,7 +60,9 @@ class Faults:
     log: list[tuple[str, str, str | None]] = field(default_factory=list)
     sent: dict[str, int] = field(default_factory=dict)
     released: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    in_flight: int = 0  # requests the HTTP server is answering now
+    max_in_flight: int = 0  # the most it answered at once so far
+    _lock: threading.Condition = field(default_factory=threading.Condition)
 
     def next_fault(self, method: str, path: str, range_header: str | None) -> str | None:
         with self._lock:
@@ -75,9 +77,30 @@ class Faults:
         with self._lock:
             return [(p, r) for m, p, r in self.log if m == "GET" and p.endswith(suffix)]
 
+    def answering(self) -> None:
+        """A request is being answered (counted by the HTTP server)."""
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def answered(self) -> None:
+        """A request's answer is over (sent, or the connection ended)."""
+        with self._lock:
+            self.in_flight -= 1
+
     def count_sent(self, path: str, size: int) -> None:
         with self._lock:
             self.sent[path] = self.sent.get(path, 0) + size
+            self._lock.notify_all()
+
+    def wait_sent(self, suffix: str, size: int, timeout: float) -> bool:
+        """Wait until ``size`` body bytes were sent for the paths that end with ``suffix``
+        (False: ``timeout`` seconds passed first)."""
+        with self._lock:
+            return self._lock.wait_for(
+                lambda: sum(n for p, n in self.sent.items() if p.endswith(suffix)) >= size,
+                timeout,
+            )
 
     def bytes_sent(self, suffix: str = "") -> int:
         """The body bytes sent so far for the paths that end with ``suffix``."""
@@ -205,10 +228,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         faults.count_sent(self.path, end - start)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        self._answer(head_only=False)
+        self.server.faults.answering()
+        try:
+            self._answer(head_only=False)
+        finally:
+            self.server.faults.answered()
 
     def do_HEAD(self) -> None:  # noqa: N802
-        self._answer(head_only=True)
+        self.server.faults.answering()
+        try:
+            self._answer(head_only=True)
+        finally:
+            self.server.faults.answered()
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         pass
