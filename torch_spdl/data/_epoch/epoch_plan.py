@@ -131,9 +131,6 @@ class LoaderResources:
         # Where each "auto" stage ended last epoch, by the id the epoch gave the stage:
         # the next epoch starts it there.
         self._tuned: dict[str, int] = {}
-        #: By worker id, whether a staged dataset's loads ran inline in that worker when it
-        #: last said: the next epoch's worker of that id starts so (``staged_batch.py``).
-        self.staged_inline: dict[int, bool] = {}
 
     # -- worker threads ----------------------------------------------------------------------
     def thread_pool(self, threads: int) -> Executor:

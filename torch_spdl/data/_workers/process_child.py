@@ -85,7 +85,6 @@ class BatchWritten(NamedTuple):
     size: int  # the arena's size (it may have grown)
     used: int  # bytes written into the arena
     state: Any
-    inline: bool | None = None  # a staged dataset's loads now run inline (or not): news
 
 
 class SampleError(NamedTuple):
@@ -217,10 +216,7 @@ def worker_main(
             space = _space(arena, collate_fn, auto_collation)
             collate = PlacingCollate(space.empty) if space is not None else collate_fn
             fetched = fetch_batch(dataset, values, indices, steps, collate, auto_collation)
-            reply = _pack(fetched, task.task_id, task.slot, arena, space, indices)
-            if staged is not None and isinstance(reply, BatchWritten):
-                reply = reply._replace(inline=staged.news())
-            send(results, reply)
+            send(results, _pack(fetched, task.task_id, task.slot, arena, space, indices))
             if threaded:
                 del values, fetched  # what the loads read, freed before the trim
                 trim()  # the pages the load threads freed (libc.py)
@@ -244,10 +240,9 @@ def _become_worker(
     return_large_blocks()
     share_arenas()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
-    (dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable, nice, io) = (
-        config[:9]
+    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable, nice, io = (
+        config
     )
-    inline = config[9].get(wid, False)  # how this worker id ran its loads last epoch
     install_torch_worker_info()  # this process is the loader's: collate then sees no worker
     try:
         set_process_worker_info(wid, num_workers, base_seed, dataset)
@@ -257,8 +252,7 @@ def _become_worker(
         send(results, InitFailed(PortableError.of(exc)))
         os._exit(1)
     priority = Priority(nice)  # raised once a batch shows the worker computes
-    staged = StagedBatch.of(dataset, io, inline)
-    return dataset, collate_fn, auto_collation, iterable, priority, staged
+    return dataset, collate_fn, auto_collation, iterable, priority, StagedBatch.of(dataset, io)
 
 
 def import_what_workers_import() -> None:
