@@ -8,6 +8,7 @@ rather than hangs), never with sleeps.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import threading
 from typing import Any
@@ -194,6 +195,32 @@ def test_with_worker_processes_every_stage_runs_in_the_workers() -> None:
     assert all(r[2].startswith("torch_spdl-io") or r[2] == "MainThread" for r in rows)
 
 
+class Computing(Placed):
+    """Loads that compute (about a millisecond of hashing each) and never wait."""
+
+    def __len__(self) -> int:
+        return 32
+
+    def load(self, i: int) -> tuple[int, int, str]:
+        digest = str(i).encode()
+        for _ in range(2000):
+            digest = hashlib.sha256(digest).digest()
+        return i, os.getpid(), threading.current_thread().name
+
+
+def test_the_next_epochs_workers_start_where_the_last_ones_decided() -> None:
+    """Workers that are not persistent are new every epoch: each starts from what the
+    worker of its id decided the epoch before (loads that computed: inline, on its main
+    thread, from its first batch), instead of timing its threads again."""
+    loader = DataLoader(Computing(), batch_size=2, num_workers=2, io_concurrency=1)
+    epochs = [[r for b in loader for r in zip(*b, strict=True)] for _ in range(2)]
+    first, second = ([r[2] for r in rows] for rows in epochs)
+    assert all(t.startswith("torch_spdl-io") for t in first[:4])  # measured on threads
+    assert first[-4:] == ["MainThread"] * 4  # then inline, as the loads computed
+    assert second == ["MainThread"] * len(second)  # the next epoch's workers: from the start
+    assert {r[1] for r in epochs[0]}.isdisjoint({r[1] for r in epochs[1]})  # new processes
+
+
 class Gathered(StagedDataset):
     """Each worker's loads of one batch meet at a barrier: they pass only if all the batch's
     loads run at once (one after another, the first would wait alone and time out)."""
@@ -270,7 +297,7 @@ def test_recycled_batch_buffers_never_overwrite_a_batch_still_held(
 def test_a_worker_runs_loads_that_do_not_wait_inline() -> None:
     """The rule a worker applies after timing its first batches' loads: threads only where
     the loads waited (a read from a network file system), not where they computed."""
-    from torch_spdl.data._loading.staged_batch import computes, inline_wins, verdict
+    from torch_spdl.data._loading.staged_batch import computes, inline_wins, slept, verdict
 
     assert computes([(0.010, 0.009), (0.012, 0.010)])  # a decode in load, a cached file
     assert not computes([(0.005, 0.0002), (0.006, 0.0003)])  # 5 ms waits on storage
@@ -289,3 +316,8 @@ def test_a_worker_runs_loads_that_do_not_wait_inline() -> None:
     assert inline_wins([(0.0045, 8)] * 2, (0.0040, 8))
     assert not inline_wins([(0.030, 8)] * 2, (0.085, 8))  # 5 ms waits before 5 ms decodes
     assert not inline_wins([], (0.001, 1))
+    # inline: a batch of loads that slept (neither ran nor waited for a core) a third of
+    # its wall time waited on something; one that was busy did not
+    assert slept((0.0, 0.0), (0.002, 0.001), 0.005)
+    assert not slept((0.0, 0.0), (0.004, 0.0005), 0.005)
+    assert not slept((0.0, None), (0.001, None), 0.005)  # no queue clock: no opinion

@@ -139,6 +139,7 @@ class EpochExecutors:
             receiver=receiver,
             nice=plan.worker_nice,
             io_threads=io_threads(plan),
+            learned=self._resources.staged_inline,
         )
 
 

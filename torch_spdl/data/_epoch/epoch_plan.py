@@ -131,6 +131,10 @@ class LoaderResources:
         # Where each "auto" stage ended last epoch, by the id the epoch gave the stage:
         # the next epoch starts it there.
         self._tuned: dict[str, int] = {}
+        #: By worker id, what that worker last decided of a staged dataset's loads (True:
+        #: inline; False: its threads): the next epoch's worker of that id starts there
+        #: (``staged_batch.py``).
+        self.staged_inline: dict[int, bool] = {}
 
     # -- worker threads ----------------------------------------------------------------------
     def thread_pool(self, threads: int) -> Executor:

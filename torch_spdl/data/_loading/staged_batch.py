@@ -15,8 +15,10 @@ under torch; an ``io`` stage draws nothing at random (the contract of ``load``, 
 A sync ``io`` stage that does not wait is run inline: after the worker's first batch
 (which starts the threads and pays every first use: 30 ms against the next one's 5 in a
 detection script's worker), :data:`MEASURED` batches run on the threads and time each
-sample's ``io`` stages (wall and the thread's CPU time)
-and each batch's wall time (:func:`verdict`). When a sample's CPU was at least
+sample's ``io`` stages (wall, and the thread's CPU time plus its time runnable in a queue,
+from ``/proc/thread-self/schedstat``: a core it wanted, which on 2 cores shared with the
+training loop and another worker is a good part of a decode's wall time) and each batch's
+wall time (:func:`verdict`). When a sample's CPU (with its queue time) was at least
 :data:`COMPUTES` of its wall time, the reads did not wait (a file in the page cache, a
 decode inside ``load``), threads cannot overlap anything, and from then on the worker runs
 them one after another on its main thread, which costs what ``__getitem__`` costs. A
@@ -31,6 +33,23 @@ under the GIL: the trial takes about three times as long). Reads that clearly wa
 never pay for a trial. The order of the ``cpu`` stages, and so every result, is the same
 either way.
 
+A worker that runs its loads inline keeps checking that they do not wait: each inline
+batch reads its main thread's CPU clock and ``/proc/thread-self/schedstat`` (time runnable
+in a queue) before and after, and :data:`MEASURED` batches in a row whose loads slept for
+more than ``1 - COMPUTES`` of their wall time (reads that went to a disk or a network
+again) send the worker back to its threads, measured afresh (one such batch is not
+enough: a detection script's inline batches of local JPEGs now and then sleep a third of
+their 5 ms).
+
+What a worker decided outlives it: the loader keeps each worker id's last decision, and
+the next epoch's worker of that id starts from it: inline from its first batch, or, where
+the loads stayed on the threads (a trial lost, a verdict of waits, loads that slept), on
+its threads, measured as ever but never trying inline again (a trial costs a batch of
+serial reads). Without that a loader without ``persistent_workers`` measured again every
+epoch: in a detection script's workers (batches of 8 JPEGs decoded inside ``load``), the
+first batch on the threads took 37 ms against 4.6 ms inline, and 250 of 374 batches of 6
+epochs ran on threads at 6.6 ms (2026-12-04).
+
 A layout other than "``io`` stages first, then ``cpu`` stages" runs as ``__getitem__``
 (:func:`staged_steps` returns None). An ``async`` ``io`` stage runs on one event loop of
 the worker's, kept for its life (a client session bound to the loop stays usable from
@@ -43,13 +62,22 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["StageFailed", "StagedBatch", "computes", "inline_wins", "staged_steps", "verdict"]
+__all__ = [
+    "StageFailed",
+    "StagedBatch",
+    "computes",
+    "inline_wins",
+    "slept",
+    "staged_steps",
+    "verdict",
+]
 
 _WHO = "torch_spdl.DataLoader"
 WARMUP = 1  # a worker's first batches on the threads, not timed (they start the threads)
@@ -92,27 +120,44 @@ class StagedBatch:
         io: the ``io`` stages, as :func:`staged_steps` gives them.
         cpu: the ``cpu`` stages, run by ``fetch_batch`` after :meth:`load`.
         threads: samples whose ``io`` stages run at once.
+        learned: what this worker id decided last epoch: True, start with the loads
+            inline; False, they stayed on the threads (no trial again); None, nothing yet.
     """
 
-    def __init__(self, io: list[Step], cpu: list[Step], threads: int) -> None:
+    def __init__(
+        self, io: list[Step], cpu: list[Step], threads: int, learned: bool | None = None
+    ) -> None:
         self.cpu_steps = [fn for _, fn in cpu]
         self._io = io
         self._threads = max(1, threads)
         self._async = any(inspect.iscoroutinefunction(fn) for _, fn in io)
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timed: list[tuple[float, float]] = []  # (wall, CPU) of each sample's io stages
+        self._timed: list[tuple[float, float]] = []  # (wall, busy) of each sample's io stages
         self._walls: list[tuple[float, int]] = []  # (wall, samples) of each measured batch
         self._batches = 0
         self._trial = False  # the next batch runs inline, timed (module notes)
-        self.inline = False  # decided after MEASURED batches: the io stages do not wait
+        self.inline = learned is True  # decided after MEASURED batches: they do not wait
+        self._trials = learned is not False  # a trial lost last epoch is not run again
         self.on_threads = False  # the last batch's io stages ran on the pool's threads
+        self._decided: bool | None = learned  # the last decision (None: none yet)
+        self._told: bool | None = learned  # the decision last given by :meth:`news`
+        self._slept = 0  # inline batches in a row whose loads slept
 
     @classmethod
-    def of(cls, dataset: Any, threads: int) -> StagedBatch | None:
+    def of(cls, dataset: Any, threads: int, learned: bool | None = None) -> StagedBatch | None:
         """The staged batches of ``dataset``, or None (run it as ``__getitem__``)."""
         steps = staged_steps(dataset)
-        return None if steps is None else cls(*steps, threads)
+        return None if steps is None else cls(*steps, threads, learned)
+
+    def news(self) -> bool | None:
+        """The last decision (True: the loads run inline; False: on the threads after a
+        trial or a verdict), when it changed since the last call (else None): what the
+        loader keeps for the next epoch's worker of this id."""
+        if self._async or self._decided is None or self._decided == self._told:
+            return None
+        self._told = self._decided
+        return self._decided
 
     def load(self, values: list[Any], indices: list[Any]) -> list[Any]:
         """Every sample's ``io`` stages, at once: each one's output, or a :class:`StageFailed`."""
@@ -122,13 +167,21 @@ class StagedBatch:
             return future.result()
         self.on_threads = not (self.inline or self._trial)
         if not self.on_threads:
-            began = time.perf_counter()
+            began, clocks = time.perf_counter(), _thread_clocks()
             out = [self._one(v, i) for v, i in zip(values, indices, strict=True)]
+            wall = time.perf_counter() - began
             if self._trial:
                 self._trial = False
-                trial = (time.perf_counter() - began, len(values))
-                self.inline = inline_wins(self._walls, trial)
+                self.inline = self._decided = inline_wins(self._walls, (wall, len(values)))
                 self._walls.clear()
+            elif not slept(clocks, _thread_clocks(), wall):
+                self._slept = 0
+            else:
+                self._slept += 1
+                if self._slept >= MEASURED:  # the loads wait again: back to the threads
+                    self.inline = self._decided = False
+                    self._slept = 0
+                    self._batches = min(self._batches, WARMUP)
             return out
         self._batches += 1
         if self._batches <= WARMUP:
@@ -139,7 +192,10 @@ class StagedBatch:
             self._walls.append((time.perf_counter() - began, len(values)))
         if self._batches == WARMUP + MEASURED:
             decided = verdict(self._timed, self._walls)
-            self.inline, self._trial = decided == "inline", decided == "try"
+            self.inline = decided == "inline"
+            self._trial = decided == "try" and self._trials
+            if not self._trial:
+                self._decided = self.inline
             self._timed.clear()
             if not self._trial:
                 self._walls.clear()
@@ -158,9 +214,13 @@ class StagedBatch:
             return _failed(exc, name, index)
 
     def _one_timed(self, value: Any, index: Any) -> Any:
-        wall, cpu = time.perf_counter(), time.thread_time()
+        wall, clocks = time.perf_counter(), _thread_clocks()
         out = self._one(value, index)
-        self._timed.append((time.perf_counter() - wall, time.thread_time() - cpu))  # atomic
+        after = _thread_clocks()
+        busy = after[0] - clocks[0]
+        if clocks[1] is not None and after[1] is not None:
+            busy += after[1] - clocks[1]  # runnable, waiting for a core: wanted one
+        self._timed.append((time.perf_counter() - wall, busy))  # atomic
         return out
 
     async def _one_async(self, value: Any, index: Any, room: asyncio.Semaphore) -> Any:
@@ -217,6 +277,36 @@ def verdict(timed: list[tuple[float, float]], batches: list[tuple[float, int]]) 
         return "inline"
     wall = sum(w for w, _ in batches)
     return "try" if wall > 0 and sum(c for _, c in timed) >= COMPUTES * wall else "threads"
+
+
+def _thread_clocks() -> tuple[float, float | None]:
+    """This thread's CPU time and its time runnable in a queue (None without ``/proc``),
+    seconds. The CPU time is the clock's, which is exact; ``schedstat``'s own counts a
+    running thread's time only up to its last tick or switch (up to 4 ms behind). Read
+    with ``os.read`` into a small ``bytes``: no buffer from malloc between a load's blocks
+    (``test_a_staged_batchs_freed_loads_are_given_back`` counts the worker's pages)."""
+    cpu = time.thread_time()
+    try:
+        fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        try:
+            fields = os.read(fd, 96).split()
+        finally:
+            os.close(fd)
+        return cpu, int(fields[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return cpu, None
+
+
+def slept(
+    before: tuple[float, float | None], after: tuple[float, float | None], wall: float
+) -> bool:
+    """Whether a thread whose clocks (:func:`_thread_clocks`) went from ``before`` to
+    ``after`` in ``wall`` seconds slept (neither ran nor waited for a core) more than ``1 -
+    COMPUTES`` of that time (no queue clock: False, the loads stay where they are)."""
+    if before[1] is None or after[1] is None or wall <= 0:
+        return False
+    busy = after[0] - before[0] + after[1] - before[1]
+    return wall - busy > (1 - COMPUTES) * wall
 
 
 def inline_wins(threaded: list[tuple[float, int]], trial: tuple[float, int]) -> bool:

@@ -85,6 +85,7 @@ class BatchWritten(NamedTuple):
     size: int  # the arena's size (it may have grown)
     used: int  # bytes written into the arena
     state: Any
+    inline: bool | None = None  # a staged dataset's loads: decided inline (or not), news
 
 
 class SampleError(NamedTuple):
@@ -216,7 +217,10 @@ def worker_main(
             space = _space(arena, collate_fn, auto_collation)
             collate = PlacingCollate(space.empty) if space is not None else collate_fn
             fetched = fetch_batch(dataset, values, indices, steps, collate, auto_collation)
-            send(results, _pack(fetched, task.task_id, task.slot, arena, space, indices))
+            reply = _pack(fetched, task.task_id, task.slot, arena, space, indices)
+            if staged is not None and isinstance(reply, BatchWritten):
+                reply = reply._replace(inline=staged.news())
+            send(results, reply)
             if threaded:
                 del values, fetched  # what the loads read, freed before the trim
                 trim()  # the pages the load threads freed (libc.py)
@@ -240,9 +244,10 @@ def _become_worker(
     return_large_blocks()
     share_arenas()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
-    dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable, nice, io = (
-        config
+    (dataset, num_workers, base_seed, init_fn, collate_fn, auto_collation, iterable, nice, io) = (
+        config[:9]
     )
+    learned = config[9].get(wid)  # what this worker id decided of its loads last epoch
     install_torch_worker_info()  # this process is the loader's: collate then sees no worker
     try:
         set_process_worker_info(wid, num_workers, base_seed, dataset)
@@ -252,7 +257,8 @@ def _become_worker(
         send(results, InitFailed(PortableError.of(exc)))
         os._exit(1)
     priority = Priority(nice)  # raised once a batch shows the worker computes
-    return dataset, collate_fn, auto_collation, iterable, priority, StagedBatch.of(dataset, io)
+    staged = StagedBatch.of(dataset, io, learned)
+    return dataset, collate_fn, auto_collation, iterable, priority, staged
 
 
 def import_what_workers_import() -> None:

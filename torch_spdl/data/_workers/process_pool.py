@@ -99,6 +99,9 @@ class ProcessWorkers:
             :mod:`.worker_priority`).
         io_threads: a staged dataset's ``io`` stages run this many samples at once in each
             worker (:mod:`torch_spdl.data._loading.staged_batch`).
+        learned: by worker id, what that worker last decided of a staged dataset's loads
+            (True: inline; False: on its threads): where each worker starts, and where this
+            pool's workers report (the loader keeps it across epochs).
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class ProcessWorkers:
         receiver: bool = True,
         nice: int = 0,
         io_threads: int = 16,
+        learned: dict[int, bool] | None = None,
     ) -> None:
         ctx = mp_context
         if ctx is None or isinstance(ctx, str):
@@ -151,7 +155,11 @@ class ProcessWorkers:
             iterable,
             nice,
             io_threads,
+            dict(learned or {}),
         )
+        # where the workers report how they run a staged dataset's loads (the loader's,
+        # kept for its next epoch's workers)
+        self._learned = learned if learned is not None else {}
         self._watch: Watch[WorkerRecord] = Watch(self._wake_r)
         for w in self._workers:
             # Every pipe end but this worker's own two (its parent's end of its task pipe
@@ -419,6 +427,8 @@ class ProcessWorkers:
                 self._leases.written(slot)
         value = load_batch(reply.data, arena, reply.size, reply.used, release)
         if not isinstance(reply, BatchWithErrors):
+            if reply.inline is not None:
+                self._learned[worker.wid] = reply.inline
             return Fetched(batch=value, state=reply.state)
         errors = []
         for failed in reply.errors:
