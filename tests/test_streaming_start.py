@@ -96,7 +96,7 @@ def test_a_stream_whose_store_is_slower_reads_further_ahead() -> None:
         assert len(list(ds)) == NUM_SHARDS * PER_SHARD
         gets = [p for p, _ in server.faults.gets(".tar")]
         overlapped = server.faults.max_in_flight
-    assert gets == [f"/{n}" for n in names]  # each once, in order
+    assert sorted(gets) == [f"/{n}" for n in names]  # each once (overlapping: any order)
     assert overlapped >= 2  # a request came while an earlier one was being answered
 
 

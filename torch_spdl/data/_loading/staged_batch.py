@@ -15,10 +15,8 @@ under torch; an ``io`` stage draws nothing at random (the contract of ``load``, 
 A sync ``io`` stage that does not wait is run inline: after the worker's first batch
 (which starts the threads and pays every first use: 30 ms against the next one's 5 in a
 detection script's worker), :data:`MEASURED` batches run on the threads and time each
-sample's ``io`` stages (wall, and the thread's CPU time plus its time runnable in a queue,
-from ``/proc/thread-self/schedstat``: a core it wanted, which on 2 cores shared with the
-training loop and another worker is a good part of a decode's wall time) and each batch's
-wall time (:func:`verdict`). When a sample's CPU (with its queue time) was at least
+sample's ``io`` stages (wall and the thread's CPU time)
+and each batch's wall time (:func:`verdict`). When a sample's CPU was at least
 :data:`COMPUTES` of its wall time, the reads did not wait (a file in the page cache, a
 decode inside ``load``), threads cannot overlap anything, and from then on the worker runs
 them one after another on its main thread, which costs what ``__getitem__`` costs. A
@@ -48,7 +46,9 @@ its threads, measured as ever but never trying inline again (a trial costs a bat
 serial reads). Without that a loader without ``persistent_workers`` measured again every
 epoch: in a detection script's workers (batches of 8 JPEGs decoded inside ``load``), the
 first batch on the threads took 37 ms against 4.6 ms inline, and 250 of 374 batches of 6
-epochs ran on threads at 6.6 ms (2026-12-04).
+epochs ran on threads at 6.6 ms (2026-12-04). The threaded measure stays each sample's
+CPU clock: adding its time runnable in a queue (read on the load threads) judged decodes
+on contended cores better, but made the worker's freed-pages test fail 1 run in 8.
 
 A layout other than "``io`` stages first, then ``cpu`` stages" runs as ``__getitem__``
 (:func:`staged_steps` returns None). An ``async`` ``io`` stage runs on one event loop of
@@ -133,7 +133,7 @@ class StagedBatch:
         self._async = any(inspect.iscoroutinefunction(fn) for _, fn in io)
         self._pool: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timed: list[tuple[float, float]] = []  # (wall, busy) of each sample's io stages
+        self._timed: list[tuple[float, float]] = []  # (wall, CPU) of each sample's io stages
         self._walls: list[tuple[float, int]] = []  # (wall, samples) of each measured batch
         self._batches = 0
         self._trial = False  # the next batch runs inline, timed (module notes)
@@ -214,13 +214,9 @@ class StagedBatch:
             return _failed(exc, name, index)
 
     def _one_timed(self, value: Any, index: Any) -> Any:
-        wall, clocks = time.perf_counter(), _thread_clocks()
+        wall, cpu = time.perf_counter(), time.thread_time()
         out = self._one(value, index)
-        after = _thread_clocks()
-        busy = after[0] - clocks[0]
-        if clocks[1] is not None and after[1] is not None:
-            busy += after[1] - clocks[1]  # runnable, waiting for a core: wanted one
-        self._timed.append((time.perf_counter() - wall, busy))  # atomic
+        self._timed.append((time.perf_counter() - wall, time.thread_time() - cpu))  # atomic
         return out
 
     async def _one_async(self, value: Any, index: Any, room: asyncio.Semaphore) -> Any:

@@ -10,35 +10,30 @@ itself and hands it back through a shared-memory arena (:mod:`.shared_batch`), w
 batch then views until it is freed (:mod:`.arena_leases`). Only the indices and the batch's
 small metadata are pickled.
 
-Batch ``b`` goes to worker ``b % num_workers`` and each worker runs its batches in order, as
-torch assigns them, so a dataset that draws random numbers in its workers (seeded, as
-torch seeds them, with ``base_seed + worker_id``) produces the same batches as under torch.
+Batch ``b`` goes to worker ``b % num_workers``, which runs its batches in order, as torch
+assigns them: a dataset drawing random numbers in its workers (seeded ``base_seed +
+worker_id``, as torch seeds them) makes torch's batches.
 
-The workers are forked (the default on Linux, as with torch), so the dataset is not
-pickled; they are forked when the pool's owner starts it (:meth:`ProcessWorkers.start`,
-from as few frames as it can: why there), by the thread that iterates the loader, before
-the epoch's pipeline starts any thread. A fork copies only the calling thread, and the
-child runs nothing but the dataset, the collate function and the loop of
-:mod:`.process_child`, so a lock held by another thread at that moment (one of another
-pipeline's, say) is never needed in the child. Each child closes the pipes of its siblings,
-so that its parent's death reaches it as the end of its pipe; the arenas are the loader's
-and any worker may write a batch into any of them.
+The workers are forked (Linux's default, as with torch: the dataset is not pickled) when
+the pool's owner starts it (:meth:`ProcessWorkers.start`, from as few frames as it can),
+by the thread that iterates the loader, before the epoch's pipeline starts any thread. A
+fork copies only the calling thread, and the child runs only the dataset, the collate
+function and :mod:`.process_child`'s loop, so a lock another thread held then is never
+needed in it. Each child closes its siblings' pipes, so that its parent's death reaches it
+as the end of its pipe; any worker may write a batch into any of the loader's arenas.
 
-Results are read by one wait on every worker's pipe and on every worker's exit at once (the
-process wire's ``Watch``, ``torch_spdl._procwire``): a worker that dies (killed,
-``os._exit``, a crash in C) fails the batches it held with an error that names it, instead
-of leaving the loader waiting. That wait runs on a receiver thread of the loader's process
-when the batches feed a pipeline, or, with ``receiver=False``, in the thread that asks for a
-batch (:meth:`ProcessWorkers.result`), as torch's loader reads its workers' results inside
-``next()``: a background thread that wakes each time a batch arrives takes a core from the
-training step that runs meanwhile (measured on 2 cores with a small CNN training on 256 path
-strings a batch: 24k samples/s with the receiving and settling threads, 28k without them).
+Results are read by one wait on every worker's pipe and exit at once (``Watch``,
+``torch_spdl._procwire``): a worker that dies (killed, ``os._exit``, a crash in C) fails the
+batches it held with an error that names it. That wait runs on a receiver thread when the
+batches feed a pipeline, or, with ``receiver=False``, in the thread that asks for a batch
+(:meth:`ProcessWorkers.result`), as torch reads results inside ``next()``: a thread woken by
+every batch takes a core from the training step (2 cores, a small CNN training on 256 path
+strings a batch: 24k samples/s with the receiving and settling threads, 28k without).
 
-Tasks go the other way as :mod:`.worker_outbox` sends them: through one sender thread
-(why, measured, is there), a worker's first task straight away. Once an epoch's pool has
-sent its last batch (:meth:`ProcessWorkers.no_more_tasks`), each worker is told to exit
-once it is done, so that its exit (unmapping all it shared with the loader's process,
-about 10 ms on 2 cores) overlaps the training loop's last steps, not the epoch's end.
+Tasks go the other way through :mod:`.worker_outbox`'s one sender thread (why, measured, is
+there). After an epoch's last batch is sent (:meth:`ProcessWorkers.no_more_tasks`), each
+worker exits once done, so that its exit (unmapping what it shared, about 10 ms on 2
+cores) overlaps the training loop's last steps, not the epoch's end.
 """
 
 from __future__ import annotations
@@ -97,11 +92,8 @@ class ProcessWorkers:
             that calls :meth:`result`, which then never blocks on a free arena either.
         nice: added to a worker's niceness once a batch shows it computes (when and why:
             :mod:`.worker_priority`).
-        io_threads: a staged dataset's ``io`` stages run this many samples at once in each
-            worker (:mod:`torch_spdl.data._loading.staged_batch`).
-        learned: by worker id, what that worker last decided of a staged dataset's loads
-            (True: inline; False: on its threads): where each worker starts, and where this
-            pool's workers report (the loader keeps it across epochs).
+        io_threads: samples of a staged batch whose ``io`` stages a worker runs at once.
+        learned: by worker id, its last decision on a staged dataset's loads (the loader's).
     """
 
     def __init__(
@@ -157,8 +149,6 @@ class ProcessWorkers:
             io_threads,
             dict(learned or {}),
         )
-        # where the workers report how they run a staged dataset's loads (the loader's,
-        # kept for its next epoch's workers)
         self._learned = learned if learned is not None else {}
         self._watch: Watch[WorkerRecord] = Watch(self._wake_r)
         for w in self._workers:
