@@ -221,6 +221,18 @@ def test_the_next_epochs_workers_start_where_the_last_ones_decided() -> None:
     assert {r[1] for r in epochs[0]}.isdisjoint({r[1] for r in epochs[1]})  # new processes
 
 
+def test_a_staged_epoch_in_worker_processes_starts_no_thread_in_the_training_process() -> None:
+    """Its stages all run in the workers, so the training process only sends indices and
+    reads batches, inside ``next()``, as for a plain dataset and as torch does: no receiver
+    thread and no pipeline threads beside the training step (only the task sender)."""
+    before = {t.ident for t in threading.enumerate()}
+    loader = DataLoader(Placed(), batch_size=4, num_workers=2)
+    seen: set[str] = set()
+    for _ in loader:
+        seen |= {t.name for t in threading.enumerate() if t.ident not in before}
+    assert seen <= {"torch_spdl-worker-sender"}, seen
+
+
 class Gathered(StagedDataset):
     """Each worker's loads of one batch meet at a barrier: they pass only if all the batch's
     loads run at once (one after another, the first would wait alone and time out)."""
