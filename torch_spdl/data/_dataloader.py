@@ -25,6 +25,7 @@ from torch.utils.data import IterableDataset
 from ._epoch.epoch import EpochIterator, set_rng_state
 from ._epoch.epoch_plan import EpochPlan, LoaderResources, Loading
 from ._epoch.thread_or_process import WorkerChoice
+from ._loading.staged_batch import staged_steps
 from ._loading.staged_dataset import StagedDataset
 from ._loading.worker_info import install_torch_worker_info
 
@@ -296,6 +297,12 @@ class DataLoader(_TorchDataLoader[_T_co]):
         if self.worker_type == "ray":  # an actor runs a staged dataset's every stage
             return self.worker_choice or "probe"
         if isinstance(self.dataset, StagedDataset):
+            if self.worker_type == "process" and staged_steps(self.dataset) is not None:
+                # its io stages first: all its stages run in the workers, which the
+                # training process feeds and reads as it does a plain dataset's
+                return WorkerChoice(
+                    "process", self.num_workers, per_batch=True, reason="a staged dataset"
+                )
             return "staged"
         if self.num_workers == 0:
             return "inline"

@@ -24,7 +24,6 @@ import torch
 from ...pipeline import PipelineFailure
 from .._loading.fetch import is_stateful
 from .._loading.sample_ops import BatchError, SkipBudget
-from .._loading.staged_batch import staged_steps
 from .._workers.iterable_processes import WorkerStates, caller_feed
 from .._workers.libc import trim
 from .batch_ops import batch_tasks
@@ -360,15 +359,6 @@ def _fed_by_caller(plan: EpochPlan) -> bool:
     if plan.map_style:
         loading = plan.loading
         processes = isinstance(loading, WorkerChoice) and loading.kind == "process"
-        # a staged dataset whose io stages come first runs all of them in the workers: the
-        # training process has only batches to send and read, as for a plain dataset, with
-        # no receiver or pipeline thread beside the training step
-        processes = processes or (
-            loading == "staged"
-            and plan.worker_type == "process"
-            and plan.num_workers > 0
-            and staged_steps(plan.dataset) is not None
-        )
     else:  # an IterableDataset: its worker_type says how
         processes = plan.worker_type in ("process", "ray") and plan.num_workers > 0
     mover = BatchMover(plan.device, pin_memory=plan.pin_memory)

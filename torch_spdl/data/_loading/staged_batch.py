@@ -278,9 +278,7 @@ def verdict(timed: list[tuple[float, float]], batches: list[tuple[float, int]]) 
 def _thread_clocks() -> tuple[float, float | None]:
     """This thread's CPU time and its time runnable in a queue (None without ``/proc``),
     seconds. The CPU time is the clock's, which is exact; ``schedstat``'s own counts a
-    running thread's time only up to its last tick or switch (up to 4 ms behind). Read
-    with ``os.read`` into a small ``bytes``: no buffer from malloc between a load's blocks
-    (``test_a_staged_batchs_freed_loads_are_given_back`` counts the worker's pages)."""
+    running thread's time only up to its last tick or switch (up to 4 ms behind)."""
     cpu = time.thread_time()
     try:
         fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
