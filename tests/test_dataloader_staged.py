@@ -217,7 +217,9 @@ def test_the_next_epochs_workers_start_where_the_last_ones_decided() -> None:
     first, second = ([r[2] for r in rows] for rows in epochs)
     assert all(t.startswith("torch_spdl-io") for t in first[:4])  # measured on threads
     assert first[-4:] == ["MainThread"] * 4  # then inline, as the loads computed
-    assert second == ["MainThread"] * len(second)  # the next epoch's workers: from the start
+    # the next epoch's workers: inline from their first batches (later ones may go back to
+    # the threads if the loads are seen sleeping on a loaded machine)
+    assert second[:4] == ["MainThread"] * 4
     assert {r[1] for r in epochs[0]}.isdisjoint({r[1] for r in epochs[1]})  # new processes
 
 
