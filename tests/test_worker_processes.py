@@ -722,6 +722,7 @@ def test_a_staged_batchs_freed_loads_are_given_back(
         batch_size=4,
         num_workers=1,
         worker_type="process",
+        io_concurrency=4,  # its loads on the worker's threads, whose arenas the trim is for
         multiprocessing_context="spawn",
     )
     before, during, after = (int(b.max()) for b in loader)

@@ -123,6 +123,7 @@ class EpochExecutors:
                 iterable,
                 plan.ray_options,
                 io_threads=io_threads(plan),
+                io_threads_first=isinstance(plan.io_concurrency, int),
                 shared=self._resources.ray_objects,
             )
         return ProcessWorkers(
@@ -139,6 +140,7 @@ class EpochExecutors:
             receiver=receiver,
             nice=plan.worker_nice,
             io_threads=io_threads(plan),
+            io_threads_first=isinstance(plan.io_concurrency, int),
             learned=self._resources.staged_inline,
         )
 

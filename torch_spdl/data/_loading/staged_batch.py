@@ -12,43 +12,46 @@ worker's main thread in the batch's order, so a random augmentation draws what i
 under torch; an ``io`` stage draws nothing at random (the contract of ``load``, which
 ``torch-spdl migrate`` checks before it splits).
 
-A sync ``io`` stage that does not wait is run inline: after the worker's first batch
-(which starts the threads and pays every first use: 30 ms against the next one's 5 in a
-detection script's worker), :data:`MEASURED` batches run on the threads and time each
-sample's ``io`` stages (wall and the thread's CPU time)
-and each batch's wall time (:func:`verdict`). When a sample's CPU was at least
-:data:`COMPUTES` of its wall time, the reads did not wait (a file in the page cache, a
-decode inside ``load``), threads cannot overlap anything, and from then on the worker runs
-them one after another on its main thread, which costs what ``__getitem__`` costs. A
-sample's wall time on threads also holds its wait for the GIL and for a core behind the
-batch's other samples: eight threads decoding small JPEGs under the GIL took 0.3 s of
-CPU a second of each sample's wall, and 1.2 s a second of the batch's (one-off,
-2026-12-04), so where the samples' CPU is at least :data:`COMPUTES` of the *batches'*
-wall time, the threads may only have taken turns, and the next batch runs inline, timed,
-as a trial: inline from then on if it took no longer a sample than the threaded batches
-(:func:`inline_wins`), on threads otherwise (a read that waits 5 ms before a 5 ms decode
-under the GIL: the trial takes about three times as long). Reads that clearly waited
-never pay for a trial. The order of the ``cpu`` stages, and so every result, is the same
-either way.
+A sync ``io`` stage runs inline, on the worker's main thread, one sample after another,
+until it is seen to wait: each inline batch reads that thread's CPU clock, its voluntary
+context switches (``RUSAGE_THREAD``) and ``/proc/thread-self/schedstat`` (time runnable in
+a queue) before and after, and :data:`MEASURED` batches in a row whose loads blocked and
+slept (neither ran nor waited for a core) more than ``1 - COMPUTES`` of their wall time
+(reads that went to a disk or a network) move the worker's loads to its threads, every
+sample of a batch at once (one such batch is not enough: a detection script's inline
+batches of local JPEGs now and then sleep a third of their 5 ms). Why inline first, and
+not threads first and a verdict from them: on the main thread a load blocks only where it
+waits for something outside the process (a loaded machine only queues it), and on threads
+the clocks cannot tell, since a thread waiting for the GIL blocks and sleeps as a read
+does. Started on their threads and judged there, the two workers of a detection script
+(batches of 8 local JPEGs decoded inside ``load``, beside the training step on 2 cores)
+judged half their epochs "waits" and ran them on the threads, at 25-35% more CPU than the
+plain ``__getitem__`` (2026-12-04). The cost: a worker whose reads do wait runs its first
+:data:`MEASURED` batches' loads one after another (once for each worker id of a loader:
+the decision outlives the worker, below). A loader given an ``io_concurrency`` (a number)
+was told the reads wait: its workers start their loads on the threads, timed as below
+(``threads_first``).
 
-A worker that runs its loads inline keeps checking that they do not wait: each inline
-batch reads its main thread's CPU clock and ``/proc/thread-self/schedstat`` (time runnable
-in a queue) before and after, and :data:`MEASURED` batches in a row whose loads slept for
-more than ``1 - COMPUTES`` of their wall time (reads that went to a disk or a network
-again) send the worker back to its threads, measured afresh (one such batch is not
-enough: a detection script's inline batches of local JPEGs now and then sleep a third of
-their 5 ms).
+On its threads a worker keeps timing: after the first threaded batch (which starts the
+threads and pays every first use), :data:`MEASURED` batches time each sample's ``io``
+stages (wall and the thread's CPU time) and each batch's wall time (:func:`verdict`).
+When a sample's CPU was at least :data:`COMPUTES` of its wall time, the reads no longer
+wait (the files came into the page cache) and the loads run inline again. Where the
+samples' CPU is at least :data:`COMPUTES` of the *batches'* wall time, the threads may
+only have taken turns, and the next batch runs inline, timed, as a trial: inline from
+then on if it took no longer a sample than the threaded batches (:func:`inline_wins`), on
+threads otherwise (a read that waits 5 ms before a 5 ms decode under the GIL: the trial
+takes about three times as long). Reads that clearly waited never pay for a trial. The
+order of the ``cpu`` stages, and so every result, is the same either way.
 
 What a worker decided outlives it: the loader keeps each worker id's last decision, and
-the next epoch's worker of that id starts from it: inline from its first batch, or, where
-the loads stayed on the threads (a trial lost, a verdict of waits, loads that slept), on
-its threads, measured as ever but never trying inline again (a trial costs a batch of
-serial reads). Without that a loader without ``persistent_workers`` measured again every
-epoch: in a detection script's workers (batches of 8 JPEGs decoded inside ``load``), the
-first batch on the threads took 37 ms against 4.6 ms inline, and 250 of 374 batches of 6
-epochs ran on threads at 6.6 ms (2026-12-04). The threaded measure stays each sample's
-CPU clock: adding its time runnable in a queue (read on the load threads) judged decodes
-on contended cores better, but made the worker's freed-pages test fail 1 run in 8.
+the next epoch's worker of that id starts from it: inline, or, where the loads went to
+the threads (loads that slept, a trial lost), on its threads from its first batch,
+measured as ever but never trying inline again (a trial costs a batch of serial reads).
+Without that a loader without ``persistent_workers`` paid the serial batches that find a
+wait every epoch. The threaded measure stays each sample's CPU clock: adding its time
+runnable in a queue (read on the load threads) judged decodes on contended cores better,
+but made the worker's freed-pages test fail 1 run in 8.
 
 A layout other than "``io`` stages first, then ``cpu`` stages" runs as ``__getitem__``
 (:func:`staged_steps` returns None). An ``async`` ``io`` stage runs on one event loop of
@@ -63,25 +66,28 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import resource
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
+    "Clocks",
     "StageFailed",
     "StagedBatch",
     "computes",
     "inline_wins",
     "slept",
     "staged_steps",
+    "thread_clocks",
     "verdict",
 ]
 
 _WHO = "torch_spdl.DataLoader"
 WARMUP = 1  # a worker's first batches on the threads, not timed (they start the threads)
-MEASURED = 2  # batches timed on the threads, after those, before a worker decides
+MEASURED = 2  # batches in a row that decide: inline ones that slept, threaded ones timed
 COMPUTES = 0.7  # the io stages' CPU over their wall time from which they run inline
 
 Step = tuple[str, Callable[[Any], Any]]  # (name, fn)
@@ -120,12 +126,20 @@ class StagedBatch:
         io: the ``io`` stages, as :func:`staged_steps` gives them.
         cpu: the ``cpu`` stages, run by ``fetch_batch`` after :meth:`load`.
         threads: samples whose ``io`` stages run at once.
-        learned: what this worker id decided last epoch: True, start with the loads
-            inline; False, they stayed on the threads (no trial again); None, nothing yet.
+        learned: what this worker id decided last epoch: False, start with the loads on
+            the threads (no trial again); True, inline; None (nothing yet): as
+            ``threads_first`` says.
+        threads_first: with nothing learned, start the loads on the threads, timed (the
+            user set ``io_concurrency``: they expect reads that wait); else inline.
     """
 
     def __init__(
-        self, io: list[Step], cpu: list[Step], threads: int, learned: bool | None = None
+        self,
+        io: list[Step],
+        cpu: list[Step],
+        threads: int,
+        learned: bool | None = None,
+        threads_first: bool = False,
     ) -> None:
         self.cpu_steps = [fn for _, fn in cpu]
         self._io = io
@@ -137,7 +151,8 @@ class StagedBatch:
         self._walls: list[tuple[float, int]] = []  # (wall, samples) of each measured batch
         self._batches = 0
         self._trial = False  # the next batch runs inline, timed (module notes)
-        self.inline = learned is True  # decided after MEASURED batches: they do not wait
+        # inline until MEASURED inline batches slept (module notes)
+        self.inline = learned is True or (learned is None and not threads_first)
         self._trials = learned is not False  # a trial lost last epoch is not run again
         self.on_threads = False  # the last batch's io stages ran on the pool's threads
         self._decided: bool | None = learned  # the last decision (None: none yet)
@@ -145,14 +160,20 @@ class StagedBatch:
         self._slept = 0  # inline batches in a row whose loads slept
 
     @classmethod
-    def of(cls, dataset: Any, threads: int, learned: bool | None = None) -> StagedBatch | None:
+    def of(
+        cls,
+        dataset: Any,
+        threads: int,
+        learned: bool | None = None,
+        threads_first: bool = False,
+    ) -> StagedBatch | None:
         """The staged batches of ``dataset``, or None (run it as ``__getitem__``)."""
         steps = staged_steps(dataset)
-        return None if steps is None else cls(*steps, threads, learned)
+        return None if steps is None else cls(*steps, threads, learned, threads_first)
 
     def news(self) -> bool | None:
-        """The last decision (True: the loads run inline; False: on the threads after a
-        trial or a verdict), when it changed since the last call (else None): what the
+        """The last decision (True: the loads run inline; False: on the threads, as they
+        slept or lost a trial), when it changed since the last call (else None): what the
         loader keeps for the next epoch's worker of this id."""
         if self._async or self._decided is None or self._decided == self._told:
             return None
@@ -167,14 +188,14 @@ class StagedBatch:
             return future.result()
         self.on_threads = not (self.inline or self._trial)
         if not self.on_threads:
-            began, clocks = time.perf_counter(), _thread_clocks()
+            began, clocks = time.perf_counter(), thread_clocks()
             out = [self._one(v, i) for v, i in zip(values, indices, strict=True)]
             wall = time.perf_counter() - began
             if self._trial:
                 self._trial = False
                 self.inline = self._decided = inline_wins(self._walls, (wall, len(values)))
                 self._walls.clear()
-            elif not slept(clocks, _thread_clocks(), wall):
+            elif not slept(clocks, thread_clocks(), wall):
                 self._slept = 0
             else:
                 self._slept += 1
@@ -275,32 +296,47 @@ def verdict(timed: list[tuple[float, float]], batches: list[tuple[float, int]]) 
     return "try" if wall > 0 and sum(c for _, c in timed) >= COMPUTES * wall else "threads"
 
 
-def _thread_clocks() -> tuple[float, float | None]:
-    """This thread's CPU time and its time runnable in a queue (None without ``/proc``),
-    seconds. The CPU time is the clock's, which is exact; ``schedstat``'s own counts a
-    running thread's time only up to its last tick or switch (up to 4 ms behind)."""
+class Clocks(NamedTuple):
+    """A thread's clocks (:func:`thread_clocks`): its CPU time and its time runnable in a
+    queue, seconds (None without ``/proc``), and its voluntary context switches (None
+    without ``RUSAGE_THREAD``): each a time it blocked (a read, a lock)."""
+
+    cpu: float
+    queued: float | None
+    blocks: int | None
+
+
+def thread_clocks() -> Clocks:
+    """This thread's :class:`Clocks`. The CPU time is the clock's, which is exact;
+    ``schedstat``'s own counts a running thread's time only up to its last tick or switch
+    (up to 4 ms behind), and its queue time comes in lumps: a worker's inline batch of 3 ms
+    beside a training step gained 28 ms of it, the one before 27 ms of wall time without a
+    block or a queue (2026-12-04), so the switches say whether a thread slept at all."""
     cpu = time.thread_time()
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    blocks = resource.getrusage(who).ru_nvcsw if who is not None else None
     try:
         fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         try:
             fields = os.read(fd, 96).split()
         finally:
             os.close(fd)
-        return cpu, int(fields[1]) / 1e9
+        return Clocks(cpu, int(fields[1]) / 1e9, blocks)
     except (OSError, ValueError, IndexError):
-        return cpu, None
+        return Clocks(cpu, None, blocks)
 
 
-def slept(
-    before: tuple[float, float | None], after: tuple[float, float | None], wall: float
-) -> bool:
-    """Whether a thread whose clocks (:func:`_thread_clocks`) went from ``before`` to
-    ``after`` in ``wall`` seconds slept (neither ran nor waited for a core) more than ``1 -
-    COMPUTES`` of that time (no queue clock: False, the loads stay where they are)."""
-    if before[1] is None or after[1] is None or wall <= 0:
+def slept(before: Clocks, after: Clocks, wall: float) -> bool:
+    """Whether a thread whose clocks went from ``before`` to ``after`` in ``wall`` seconds
+    slept (neither ran nor waited for a core) more than ``1 - COMPUTES`` of that time:
+    it blocked at least once, and its CPU and queue time (none known: 0) leave more than
+    that. A thread that never blocked did not sleep, whatever the lumps of its queue
+    clock say (no switch count: False, the loads stay where they are)."""
+    if before.blocks is None or after.blocks is None or after.blocks == before.blocks:
         return False
-    busy = after[0] - before[0] + after[1] - before[1]
-    return wall - busy > (1 - COMPUTES) * wall
+    queued = 0.0 if before.queued is None or after.queued is None else after.queued - before.queued
+    busy = after.cpu - before.cpu + max(0.0, queued)
+    return wall > 0 and wall - busy > (1 - COMPUTES) * wall
 
 
 def inline_wins(threaded: list[tuple[float, int]], trial: tuple[float, int]) -> bool:

@@ -93,6 +93,8 @@ class LoaderActor:
         auto_collation: torch's automatic batching.
         iterable: an ``IterableDataset``'s ``(batch_size, drop_last)``, or None.
         io_threads: a staged dataset's ``io`` stages run this many samples at once.
+        io_threads_first: start them on the threads (the user set ``io_concurrency``),
+            else inline until they wait.
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class LoaderActor:
         auto_collation: bool,
         iterable: tuple[int | None, bool] | None,
         io_threads: int,
+        io_threads_first: bool = False,
     ) -> None:
         self._wid = wid
         self._num_workers = num_workers
@@ -112,6 +115,7 @@ class LoaderActor:
         self._auto_collation = auto_collation
         self._iterable = iterable
         self._io_threads = io_threads
+        self._io_threads_first = io_threads_first
         self._fetcher: IterableFetcher | None = None
         self._staged: StagedBatch | None = None
         self._epoch: int | None = None
@@ -129,7 +133,9 @@ class LoaderActor:
             set_process_worker_info(self._wid, self._num_workers, self._base_seed, self._dataset)
             if init_fn is not None:
                 init_fn(self._wid)
-            self._staged = StagedBatch.of(self._dataset, self._io_threads)
+            self._staged = StagedBatch.of(
+                self._dataset, self._io_threads, threads_first=self._io_threads_first
+            )
         except Exception as exc:
             self._init_error = exc
             return PortableError.of(exc)

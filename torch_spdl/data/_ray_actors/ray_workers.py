@@ -111,6 +111,8 @@ class RayWorkers:
             to when the process is not connected; ``max_replacements`` (popped) the
             actors that may be replaced in all (default: ``2 * num_workers``).
         io_threads: a staged dataset's ``io`` samples at once, in each actor.
+        io_threads_first: each actor starts its loads on the threads (the user set
+            ``io_concurrency``), else inline until they wait.
         shared: where the pickled dataset is kept across epochs (``digest -> ref``).
         timeout: seconds to wait for one batch (None: no limit).
     """
@@ -127,6 +129,7 @@ class RayWorkers:
         ray_options: dict[str, Any],
         io_threads: int,
         shared: dict[str, Any],
+        io_threads_first: bool = False,
     ) -> None:
         options = dict(ray_options)
         address = options.pop("address", None)
@@ -163,7 +166,10 @@ class RayWorkers:
             ray,
             remote,
             num_workers,
-            lambda wid: (wid, num_workers, base_seed, ref, auto_collation, iterable, io_threads),
+            lambda wid: (
+                wid, num_workers, base_seed, ref, auto_collation, iterable, io_threads,
+                io_threads_first,
+            ),
             options,
             WHO,
             budget,

@@ -248,6 +248,7 @@ def _become_worker(
         config[:9]
     )
     learned = config[9].get(wid)  # what this worker id decided of its loads last epoch
+    threads_first = config[10]  # with nothing learned: loads on the threads (io_concurrency)
     install_torch_worker_info()  # this process is the loader's: collate then sees no worker
     try:
         set_process_worker_info(wid, num_workers, base_seed, dataset)
@@ -257,7 +258,7 @@ def _become_worker(
         send(results, InitFailed(PortableError.of(exc)))
         os._exit(1)
     priority = Priority(nice)  # raised once a batch shows the worker computes
-    staged = StagedBatch.of(dataset, io, learned)
+    staged = StagedBatch.of(dataset, io, learned, threads_first)
     return dataset, collate_fn, auto_collation, iterable, priority, staged
 
 

@@ -94,6 +94,8 @@ class ProcessWorkers:
             :mod:`.worker_priority`).
         io_threads: samples of a staged batch whose ``io`` stages a worker runs at once.
         learned: by worker id, its last decision on a staged dataset's loads (the loader's).
+        io_threads_first: a worker that has learned nothing starts its loads on the
+            threads (the user set ``io_concurrency``), else inline.
     """
 
     def __init__(
@@ -112,6 +114,7 @@ class ProcessWorkers:
         nice: int = 0,
         io_threads: int = 16,
         learned: dict[int, bool] | None = None,
+        io_threads_first: bool = False,
     ) -> None:
         ctx = mp_context
         if ctx is None or isinstance(ctx, str):
@@ -148,6 +151,7 @@ class ProcessWorkers:
             nice,
             io_threads,
             dict(learned or {}),
+            io_threads_first,
         )
         self._learned = learned if learned is not None else {}
         self._watch: Watch[WorkerRecord] = Watch(self._wake_r)
