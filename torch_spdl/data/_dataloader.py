@@ -91,7 +91,10 @@ class DataLoader(_TorchDataLoader[_T_co]):
             ``start_timeout_s`` (how long the actors may take to be placed, default 120).
         io_concurrency: workers of a :class:`StagedDataset`'s ``io`` stages, or ``"auto"``
             (default: autotuned from ``num_workers``, at least 8, up to 64; never below
-            where it starts).
+            where it starts). With worker processes (or Ray actors), each runs a batch's
+            ``io`` stages inline until they are seen to wait, then on up to a batch's
+            samples of threads; a number here says they wait: its threads from the first
+            batch, that many samples at once (docs/dataloader.md).
         cpu_concurrency: workers of its ``cpu`` stages (default ``num_workers``), or
             ``"auto"``.
         collate_concurrency: threads running ``collate_fn`` on the per-sample path
