@@ -356,7 +356,7 @@ def test_a_worker_runs_loads_that_do_not_wait_inline() -> None:
     they blocked and slept (a read from a network file system); timed on the threads, they
     come back where they computed."""
     from torch_spdl.data._loading.staged_batch import (
-        Clocks,
+        ThreadClocks,
         computes,
         inline_wins,
         slept,
@@ -383,14 +383,16 @@ def test_a_worker_runs_loads_that_do_not_wait_inline() -> None:
     assert not inline_wins([], (0.001, 1))
     # inline: a batch of loads that blocked and slept (neither ran nor waited for a core)
     # a third of its wall time waited on something; one that was busy did not
-    assert slept(Clocks(0.0, 0.0, 0), Clocks(0.002, 0.001, 3), 0.005)
-    assert not slept(Clocks(0.0, 0.0, 0), Clocks(0.004, 0.0005, 1), 0.005)
-    assert slept(Clocks(0.0, None, 0), Clocks(0.001, None, 2), 0.005)  # no queue clock: 0
+    assert slept(ThreadClocks(0.0, 0.0, 0), ThreadClocks(0.002, 0.001, 3), 0.005)
+    assert not slept(ThreadClocks(0.0, 0.0, 0), ThreadClocks(0.004, 0.0005, 1), 0.005)
+    # no queue clock: counted as 0
+    assert slept(ThreadClocks(0.0, None, 0), ThreadClocks(0.001, None, 2), 0.005)
     # never blocked: it ran or waited for a core, whatever its queue clock's lumps say
     # (a 3 ms batch beside a training step once gained 28 ms of queue time, the one
     # before none in 27 ms)
-    assert not slept(Clocks(0.0, 0.0, 5), Clocks(0.002, 0.0, 5), 0.027)
-    assert not slept(Clocks(0.0, 0.0, 0), Clocks(0.002, 0.0, None), 0.027)  # no count: no opinion
+    assert not slept(ThreadClocks(0.0, 0.0, 5), ThreadClocks(0.002, 0.0, 5), 0.027)
+    # no switch count: no opinion
+    assert not slept(ThreadClocks(0.0, 0.0, 0), ThreadClocks(0.002, 0.0, None), 0.027)
     # the clocks of this thread move as it runs and blocks
     before = thread_clocks()
     threading.Event().wait(0.01)  # a block, not synchronisation

@@ -74,7 +74,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 __all__ = [
-    "Clocks",
+    "ThreadClocks",
     "StageFailed",
     "StagedBatch",
     "computes",
@@ -296,7 +296,7 @@ def verdict(timed: list[tuple[float, float]], batches: list[tuple[float, int]]) 
     return "try" if wall > 0 and sum(c for _, c in timed) >= COMPUTES * wall else "threads"
 
 
-class Clocks(NamedTuple):
+class ThreadClocks(NamedTuple):
     """A thread's clocks (:func:`thread_clocks`): its CPU time and its time runnable in a
     queue, seconds (None without ``/proc``), and its voluntary context switches (None
     without ``RUSAGE_THREAD``): each a time it blocked (a read, a lock)."""
@@ -306,8 +306,8 @@ class Clocks(NamedTuple):
     blocks: int | None
 
 
-def thread_clocks() -> Clocks:
-    """This thread's :class:`Clocks`. The CPU time is the clock's, which is exact;
+def thread_clocks() -> ThreadClocks:
+    """This thread's :class:`ThreadClocks`. The CPU time is the clock's, which is exact;
     ``schedstat``'s own counts a running thread's time only up to its last tick or switch
     (up to 4 ms behind), and its queue time comes in lumps: a worker's inline batch of 3 ms
     beside a training step gained 28 ms of it, the one before 27 ms of wall time without a
@@ -321,12 +321,12 @@ def thread_clocks() -> Clocks:
             fields = os.read(fd, 96).split()
         finally:
             os.close(fd)
-        return Clocks(cpu, int(fields[1]) / 1e9, blocks)
+        return ThreadClocks(cpu, int(fields[1]) / 1e9, blocks)
     except (OSError, ValueError, IndexError):
-        return Clocks(cpu, None, blocks)
+        return ThreadClocks(cpu, None, blocks)
 
 
-def slept(before: Clocks, after: Clocks, wall: float) -> bool:
+def slept(before: ThreadClocks, after: ThreadClocks, wall: float) -> bool:
     """Whether a thread whose clocks went from ``before`` to ``after`` in ``wall`` seconds
     slept (neither ran nor waited for a core) more than ``1 - COMPUTES`` of that time:
     it blocked at least once, and its CPU and queue time (none known: 0) leave more than

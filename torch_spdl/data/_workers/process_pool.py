@@ -94,8 +94,7 @@ class ProcessWorkers:
             :mod:`.worker_priority`).
         io_threads: samples of a staged batch whose ``io`` stages a worker runs at once.
         learned: by worker id, its last decision on a staged dataset's loads (the loader's).
-        io_threads_first: a worker that has learned nothing starts its loads on the
-            threads (the user set ``io_concurrency``), else inline.
+        io_threads_first: with nothing learned, start them on the threads, not inline.
     """
 
     def __init__(
@@ -141,17 +140,8 @@ class ProcessWorkers:
         self._closed = False
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
         config = (
-            dataset,
-            num_workers,
-            base_seed,
-            worker_init_fn,
-            collate_fn,
-            auto_collation,
-            iterable,
-            nice,
-            io_threads,
-            dict(learned or {}),
-            io_threads_first,
+            dataset, num_workers, base_seed, worker_init_fn, collate_fn, auto_collation,
+            iterable, nice, io_threads, dict(learned or {}), io_threads_first,
         )
         self._learned = learned if learned is not None else {}
         self._watch: Watch[WorkerRecord] = Watch(self._wake_r)
