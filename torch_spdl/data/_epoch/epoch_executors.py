@@ -110,6 +110,7 @@ class EpochExecutors:
             if plan.map_style
             else (plan.batch_size if plan.auto_collation else None, plan.drop_last)
         )
+        threads_first = isinstance(plan.io_concurrency, int)  # the user said reads wait
         if plan.worker_type == "ray":
             from .._ray_actors.ray_workers import RayWorkers  # imports Ray: only when asked for
 
@@ -123,7 +124,7 @@ class EpochExecutors:
                 iterable,
                 plan.ray_options,
                 io_threads=io_threads(plan),
-                io_threads_first=isinstance(plan.io_concurrency, int),
+                io_threads_first=threads_first,
                 shared=self._resources.ray_objects,
             )
         return ProcessWorkers(
@@ -140,7 +141,7 @@ class EpochExecutors:
             receiver=receiver,
             nice=plan.worker_nice,
             io_threads=io_threads(plan),
-            io_threads_first=isinstance(plan.io_concurrency, int),
+            io_threads_first=threads_first,
             learned=self._resources.staged_inline,
         )
 

@@ -66,7 +66,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
-import resource
 import threading
 import time
 from collections.abc import Callable
@@ -84,6 +83,13 @@ __all__ = [
     "thread_clocks",
     "verdict",
 ]
+
+try:  # Linux's per-thread rusage: absent on macOS (the constant) and Windows (the module)
+    import resource
+
+    _RUSAGE_THREAD: int | None = resource.RUSAGE_THREAD
+except (ImportError, AttributeError):
+    _RUSAGE_THREAD = None
 
 _WHO = "torch_spdl.DataLoader"
 WARMUP = 1  # a worker's first batches on the threads, not timed (they start the threads)
@@ -313,8 +319,7 @@ def thread_clocks() -> ThreadClocks:
     beside a training step gained 28 ms of it, the one before 27 ms of wall time without a
     block or a queue (2026-12-04), so the switches say whether a thread slept at all."""
     cpu = time.thread_time()
-    who = getattr(resource, "RUSAGE_THREAD", None)
-    blocks = resource.getrusage(who).ru_nvcsw if who is not None else None
+    blocks = resource.getrusage(_RUSAGE_THREAD).ru_nvcsw if _RUSAGE_THREAD is not None else None
     try:
         fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
         try:
